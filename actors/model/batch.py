@@ -1,0 +1,61 @@
+"""The flattened forward batch: the one contract between the engine and the model.
+
+One forward runs N tokens from B sequences. Sequence b owns the query tokens
+``[query_start_loc[b], query_start_loc[b+1])``. Its keys are the logical positions
+``[0, kv_lens[b])`` of its block table, *after* this step's K/V have been written through
+``slot_mapping``. Visibility:
+
+- key positions ``< kv_lens[b] - w`` are visible to every query of b (committed context);
+- the trailing window of ``w`` key positions ``[kv_lens[b] - w, kv_lens[b])`` is governed by
+  ``window_masks[b]`` of shape [q_b, w] (True = visible). ``None`` means causal over the new
+  tokens (w = q_b, lower-triangular): a prefill chunk or a plain decode token.
+  A token tree passes its ancestor-or-self mask (a node sees its ancestors only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64, RoPE position of each token
+    slot_mapping: torch.Tensor  # [N] int64, flat KV slot = block * block_size + offset
+    query_start_loc: torch.Tensor  # [B+1] int64, cumulative query lengths
+    kv_lens: torch.Tensor  # [B] int64, key positions visible to sequence b after the write
+    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0
+    block_size: int
+    window_masks: list[torch.Tensor | None] = field(default_factory=list)  # per seq [q_b, w_b] bool or None
+    # Per-forward cache for attention backends (e.g. the dense mask built once, used by every layer).
+    cache: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.kv_lens.shape[0])
+
+    def query_lens(self) -> list[int]:
+        qsl = self.query_start_loc.tolist()
+        return [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
+
+    @staticmethod
+    def make_dummy(num_tokens: int = 4, block_size: int = 16, device: str | torch.device = "cpu") -> "ForwardBatch":
+        """One sequence prefilling ``num_tokens`` tokens from position 0 in block 0.. (warm-up, tests)."""
+        n = num_tokens
+        nblocks = (n + block_size - 1) // block_size
+        i64 = dict(dtype=torch.int64, device=device)
+        return ForwardBatch(
+            input_ids=torch.zeros(n, **i64),
+            positions=torch.arange(n, **i64),
+            slot_mapping=torch.arange(n, **i64),
+            query_start_loc=torch.tensor([0, n], **i64),
+            kv_lens=torch.tensor([n], **i64),
+            block_tables=torch.arange(nblocks, **i64).unsqueeze(0),
+            block_size=block_size,
+            window_masks=[None],
+        )

@@ -1,0 +1,31 @@
+"""Per-request sampling parameters, validated once at the edge (pydantic)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = no top-k filter")
+    seed: int | None = None
+    max_tokens: int = Field(64, ge=1)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    # Speculation override for this request: None = engine policy, 0 = off, K = fixed chain length.
+    spec_tokens: int | None = Field(None, ge=0)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_tuple(cls, v):
+        if v is None:
+            return ()
+        if isinstance(v, str):
+            return (v,)
+        return tuple(v)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,157 @@
+"""Load a Llama-family model from an alias, a local HF directory or a local GGUF file.
+
+A GGUF file is converted ONCE (transformers dequantizes it) into a cache directory
+``$SPECRAY_CACHE_DIR`` (default ``~/.cache/specray/models``) / ``<stem>-<size>-<mtime>``, written to a
+temporary directory and renamed into place, so concurrent writers are harmless and every later load
+(other processes, Ray actors) just reads safetensors. The cached directory is a plain HF model dir.
+Weights are read through ``safe_open(...).get_slice``: each rank reads only its shards.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from actors.model import registry
+from actors.model.config import ModelConfig
+from actors.model.layers import TPContext
+from actors.model.llama import LlamaForCausalLM
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+_LAZY = object()
+
+
+class LoadedModel:
+    """model, tokenizer, config, model_dir. Built by load_model with a lazy tokenizer: transformers is
+    imported only when ``.tokenizer`` is first read (TP shards and drafters never pay for it)."""
+
+    __slots__ = ("model", "_tokenizer", "config", "model_dir")
+
+    def __init__(self, model: LlamaForCausalLM, tokenizer: Any, config: ModelConfig, model_dir: Path):
+        self.model, self._tokenizer, self.config, self.model_dir = model, tokenizer, config, Path(model_dir)
+
+    @property
+    def tokenizer(self) -> Any:
+        """transformers tokenizer, or None when the directory has no tokenizer files."""
+        if self._tokenizer is _LAZY:
+            self._tokenizer = load_tokenizer(self.model_dir)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    def __repr__(self) -> str:
+        return f"LoadedModel(model_dir={str(self.model_dir)!r}, config={self.config!r})"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECRAY_CACHE_DIR") or "~/.cache/specray/models").expanduser()
+
+
+def resolve_model_dir(spec: str | os.PathLike) -> Path:
+    """HF model directory for an alias, an HF directory or a .gguf file (converted once, then cached)."""
+    text = str(spec)
+    if registry.is_alias(text):
+        path = registry.resolve_alias(text)
+    else:
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise ValueError(f"model {text!r} is neither a known alias {registry.list_aliases()} nor an existing "
+                             "path; pass an alias, a local HF model directory or a local .gguf file")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass a .gguf file or an HF model directory")
+        return convert_gguf(path)
+    check_hf_dir(path)
+    return path
+
+
+def check_hf_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {str(path)!r} has no config.json; pass an HF model directory "
+                         "(config.json + *.safetensors) or a .gguf file")
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(f"model directory {str(path)!r} has no *.safetensors weights; save the model with "
+                         "safe_serialization=True or pass a .gguf file")
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """Cached HF directory of a GGUF file; converts it on first use (atomic rename, concurrent-safe)."""
+    st = gguf.stat()
+    target = cache_root() / f"{gguf.stem}-{st.st_size}-{int(st.st_mtime)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        export_gguf(gguf, tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)  # mkdtemp creates 0700
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # lost the race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def export_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF with transformers and write config, fp32 safetensors and tokenizer to out_dir."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config
+    if "quantization_config" in config.__dict__:
+        del config.quantization_config  # weights are plain fp32 now
+    config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(out_dir)
+
+
+def load_safetensors(model: LlamaForCausalLM, model_dir: Path) -> None:
+    """Feed every tensor of model_dir/*.safetensors to model.load_weights as a lazy slice."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files]
+        model.load_weights((name, h.get_slice(name)) for h in handles for name in h.keys())
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def load_model(spec: str | os.PathLike, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+               tp: TPContext = TPContext.single()) -> LoadedModel:
+    """Build and load the model (fp32 on CPU, bf16 elsewhere by default) with its tokenizer."""
+    model_dir = resolve_model_dir(spec)
+    config = ModelConfig.from_dir(model_dir)
+    device = torch.device(device)
+    dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    with torch.device(device):
+        model = LlamaForCausalLM(config, tp, dtype)
+    load_safetensors(model, model_dir)
+    model.eval()
+    return LoadedModel(model, _LAZY, config, model_dir)

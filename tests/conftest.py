@@ -1,0 +1,85 @@
+"""Session-wide fixtures: the default model (converted and loaded once) and tiny random HF models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """HF directory of the default target (the GGUF is converted on first use, then cached)."""
+    from actors.model.loader import resolve_model_dir
+    from actors.model.registry import DEFAULT_MODEL
+
+    return resolve_model_dir(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_dir):
+    """The default target loaded once per session (LoadedModel: model, tokenizer, config, model_dir)."""
+    from actors.model.loader import load_model
+
+    return load_model(default_model_dir)
+
+
+_TINY_BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that attention patterns matter (HF's 0.02-std init gives near-uniform logits)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.5 / p.shape[-1] ** 0.5 if p.dim() > 1 else 0.1))
+            if name == "model.embed_tokens.weight":
+                p.mul_(p.shape[-1] ** 0.5)
+
+
+def build_tiny_model(out_dir: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a tiny random Llama/Qwen2/Mistral model (safetensors, no tokenizer) to out_dir."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "mistral": (MistralConfig, MistralForCausalLM)}
+    config_cls, model_cls = classes[kind]
+    config = config_cls(**{**_TINY_BASE, **overrides})
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    _randomize(model, seed)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Callable[..., Path]:
+    """Factory ``make(kind="llama", seed=0, **hf_config_overrides) -> Path``, cached per argument set.
+    Defaults: hidden 64, 3 layers, 4 heads, 2 KV heads, vocab 256, tied embeddings."""
+    made: dict[str, Path] = {}
+
+    def make(kind: str = "llama", seed: int = 0, **overrides) -> Path:
+        key = json.dumps([kind, seed, overrides], sort_keys=True)
+        if key not in made:
+            made[key] = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{kind}"), kind, seed, **overrides)
+        return made[key]
+
+    return make

@@ -1,0 +1,95 @@
+"""Paged attention reference against a naive per-sequence implementation; KV cache ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.model.attention import allocate_kv_cache, copy_kv_slots, paged_attention, write_kv
+from tests.model import Chunk, make_batch, random_tables, slot_of
+
+H, KVH, D, BS = 4, 2, 8, 4
+
+
+def naive_attention(q, k_cache, v_cache, chunks, scale):
+    """Loop over sequences and queries: q [N, H, D] -> [N, H, D] (the spec in batch.py, spelled out)."""
+    out, row = torch.empty_like(q), 0
+    for c in chunks:
+        qn, kv_len = len(c.tokens), c.start + len(c.tokens)
+        slots = [slot_of(c.table, p, BS) for p in range(kv_len)]
+        keys = k_cache.view(-1, KVH, D)[slots].repeat_interleave(H // KVH, dim=1)  # [kv, H, D]
+        vals = v_cache.view(-1, KVH, D)[slots].repeat_interleave(H // KVH, dim=1)
+        window = c.window if c.window is not None else torch.ones(qn, qn, dtype=torch.bool).tril()
+        w = window.shape[1]
+        for i in range(qn):
+            visible = torch.cat([torch.ones(kv_len - w, dtype=torch.bool), window[i]])
+            s = torch.einsum("hd,khd->hk", q[row + i], keys[visible]) * scale
+            out[row + i] = torch.einsum("hk,khd->hd", s.softmax(-1), vals[visible])
+        row += qn
+    return out
+
+
+def _mixed_chunks():
+    t = random_tables(4, 5, 24, seed=1)
+    tree_window = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    return [
+        Chunk([0] * 6, 3, t[0]),  # prefill chunk after 3 cached tokens
+        Chunk([0], 9, t[1]),  # decode token
+        Chunk([0] * 3, 7, t[2], window=tree_window),  # token tree
+        Chunk([0] * 2, 0, t[3]),  # fresh prefill
+    ]
+
+
+def test_paged_attention_matches_naive():
+    torch.manual_seed(0)
+    chunks = _mixed_chunks()
+    batch = make_batch(chunks, BS)
+    k_cache, v_cache = allocate_kv_cache(1, 24, BS, KVH, D)[0]
+    for c in chunks:  # fill the whole context of every sequence
+        n = c.start + len(c.tokens)
+        slots = torch.tensor([slot_of(c.table, p, BS) for p in range(n)])
+        write_kv(k_cache, v_cache, torch.randn(n, KVH, D), torch.randn(n, KVH, D), slots)
+    q = torch.randn(batch.num_tokens, H, D)
+    out = paged_attention(q, k_cache, v_cache, batch, D ** -0.5)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, naive_attention(q, k_cache, v_cache, chunks, D ** -0.5), atol=1e-5, rtol=1e-5)
+    meta = batch.cache["paged_attention"]  # built once, reused by the next layer
+    paged_attention(q, k_cache, v_cache, batch, D ** -0.5)
+    assert batch.cache["paged_attention"] is meta and meta.mask.shape == (4, 6, 10)
+
+
+def test_padding_never_leaks_nan():
+    """Stale NaN in unused slots must not reach real rows (padding keys repeat a real key)."""
+    chunks = _mixed_chunks()
+    batch = make_batch(chunks, BS)
+    k_cache, v_cache = allocate_kv_cache(1, 24, BS, KVH, D)[0]
+    k_cache.fill_(float("nan"))
+    v_cache.fill_(float("nan"))
+    for c in chunks:
+        n = c.start + len(c.tokens)
+        slots = torch.tensor([slot_of(c.table, p, BS) for p in range(n)])
+        write_kv(k_cache, v_cache, torch.randn(n, KVH, D), torch.randn(n, KVH, D), slots)
+    out = paged_attention(torch.randn(batch.num_tokens, H, D), k_cache, v_cache, batch, 0.3)
+    assert torch.isfinite(out).all()
+
+
+def test_bad_window_shape_is_rejected():
+    t = random_tables(1, 2, 4)[0]
+    batch = make_batch([Chunk([0, 0], 2, t, window=torch.ones(3, 3, dtype=torch.bool))], BS)
+    k, v = allocate_kv_cache(1, 4, BS, KVH, D)[0]
+    with pytest.raises(ValueError, match="window_masks"):
+        paged_attention(torch.randn(2, H, D), k, v, batch, 1.0)
+
+
+def test_write_and_copy_kv_slots():
+    caches = allocate_kv_cache(2, 3, BS, KVH, D)
+    assert len(caches) == 2 and caches[0][0].shape == (3, BS, KVH, D) and not caches[0][0].any()
+    vals = torch.arange(4 * KVH * D, dtype=torch.float32).view(4, KVH, D)
+    for k, v in caches:
+        write_kv(k, v, vals, -vals, torch.tensor([5, 6, 7, 8]))
+    copy_kv_slots(caches, torch.tensor([5, 6, 7]), torch.tensor([6, 7, 8]))  # overlapping: reads first
+    for k, v in caches:
+        flat_k, flat_v = k.view(-1, KVH, D), v.view(-1, KVH, D)
+        torch.testing.assert_close(flat_k[6:9], vals[0:3])
+        torch.testing.assert_close(flat_v[6:9], -vals[0:3])
+        torch.testing.assert_close(flat_k[5], vals[0])
+    copy_kv_slots(caches, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64))

@@ -1,0 +1,389 @@
+"""Paged KV block allocator: block tables, ref counts and a chained-hash prefix cache.
+
+Ask-then-do (nano-vllm style): every operation that needs free blocks has a `can_*` twin, and the
+operation checks the same condition before it changes anything (raising OutOfBlocksError), so a
+caller never has to roll back.
+
+Positions of a sequence (its block table covers exactly `num_tokens` positions):
+
+    [0, num_committed)            final KV: the prefix-cache hit after `allocate`, then `commit`
+    [num_committed, num_tokens)   being written: prompt tail during prefill, speculative slots
+
+A block lying wholly inside the committed prefix may be shared (prefix hits, `fork`); a block that
+holds any position >= num_committed belongs to exactly one sequence, so a write never lands in a
+shared block. `truncate` never goes below num_committed, which keeps that true without copy-on-write
+after the fact; `fork` copies the parent's not-wholly-committed blocks eagerly.
+
+Prefix cache: when a full block becomes committed it gets hash = block_hash(prev_hash, tokens) and
+is registered hash -> block id, storing its token ids, a unique `chain_id` and its parent's chain id.
+A lookup takes a block only if its token ids equal the queried ones and its parent chain id is the
+chain id of the block matched just before: a hit is verified against the whole token prefix, not
+only against the hash, so a hash collision cannot give a false hit. Free blocks keep their cache
+entry until reused. The free list is an OrderedDict: uncached blocks first, then cached ones, least
+recently freed first (LRU eviction; a sequence frees its tail first); a hit on a free cached block
+removes it in O(1).
+
+Stats: `prefix_queries` and `prefix_hits` count TOKENS (prompt tokens asked by `allocate`, tokens
+served from the cache).
+"""
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from dataclasses import dataclass
+
+_ROOT = 0  # chain id of the empty prefix
+_BROKEN = -1  # chain state after a hash collision: nothing further of that sequence is registered
+
+
+class OutOfBlocksError(RuntimeError):
+    """Not enough free KV blocks: ask with the matching `can_*` first, or preempt a sequence."""
+
+
+def block_hash(prev_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Chained hash of one full block: hash of (previous block's hash, this block's tokens)."""
+    return hash((prev_hash, token_ids))
+
+
+@dataclass(slots=True)
+class Block:
+    id: int
+    ref_count: int = 0
+    hash: int | None = None  # not None iff the block is registered in the prefix cache
+    token_ids: tuple[int, ...] | None = None  # the block's tokens while registered
+    chain_id: int = _ROOT  # unique id of the verified token prefix ending with this block
+    parent_chain_id: int = _ROOT
+
+    def clear(self) -> None:
+        self.hash = None
+        self.token_ids = None
+        self.chain_id = self.parent_chain_id = _ROOT
+
+
+@dataclass(slots=True)
+class _Seq:
+    blocks: list[int]
+    num_tokens: int
+    num_committed: int
+    prev_hash: int | None = None  # hash state after block num_committed // block_size - 1
+    prev_chain_id: int = _ROOT
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    """Return value as an int (numpy ints welcome) or raise a ValueError naming it."""
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return n
+
+
+class KVBlockAllocator:
+    """Fixed-size KV blocks, one block table per sequence (int seq_id), prefix cache, LRU reuse."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = _check_count("num_blocks", num_blocks, 1)
+        self.block_size = _check_count("block_size", block_size, 1)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._seqs: dict[int, _Seq] = {}
+        self._next_chain_id = _ROOT + 1
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---- queries -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def has_seq(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def ref_count(self, block: int) -> int:
+        return self._blocks[block].ref_count
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).blocks)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def num_committed(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_committed
+
+    def slot(self, seq_id: int, position: int) -> int:
+        s = self._seq(seq_id)
+        if not 0 <= position < s.num_tokens:
+            raise IndexError(f"position {position} outside seq {seq_id}'s [0, {s.num_tokens})")
+        return s.blocks[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slots(self, seq_id: int, start: int, end: int) -> list[int]:
+        s, bs = self._seq(seq_id), self.block_size
+        if not 0 <= start <= end <= s.num_tokens:
+            raise IndexError(f"range [{start}, {end}) outside seq {seq_id}'s [0, {s.num_tokens})")
+        return [s.blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    # ---- allocate ------------------------------------------------------------------------------
+    def can_allocate(self, token_ids: list[int], extra_tokens: int = 0) -> bool:
+        total = self._check_request(token_ids, extra_tokens)
+        hits, _, _ = self._lookup(token_ids)
+        return self._allocate_cost(total, hits) <= len(self._free)
+
+    def allocate(self, seq_id: int, token_ids: list[int], extra_tokens: int = 0) -> int:
+        """Create seq_id's table for len(token_ids) + extra_tokens positions; return cached tokens."""
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq_id!r} already has a block table; free it first")
+        total = self._check_request(token_ids, extra_tokens)
+        hits, prev_hash, prev_chain_id = self._lookup(token_ids)
+        cost = self._allocate_cost(total, hits)
+        if cost > len(self._free):
+            raise OutOfBlocksError(f"allocate seq {seq_id!r} needs {cost} free blocks, "
+                                   f"{len(self._free)} free: ask can_allocate first")
+        for b in hits:
+            if b.ref_count == 0:
+                del self._free[b.id]
+            b.ref_count += 1
+        blocks = [b.id for b in hits]
+        blocks += [self._take_fresh() for _ in range(self._blocks_for(total) - len(hits))]
+        hit_tokens = len(hits) * self.block_size
+        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id)
+        self.prefix_queries += len(token_ids)
+        self.prefix_hits += hit_tokens
+        return hit_tokens
+
+    # ---- grow / shrink -------------------------------------------------------------------------
+    def can_append(self, seq_id: int, num_tokens: int) -> bool:
+        s = self._seq(seq_id)
+        num_tokens = _check_count("num_tokens", num_tokens, 0)
+        return self._blocks_for(num_tokens) - len(s.blocks) <= len(self._free)
+
+    def append(self, seq_id: int, num_tokens: int) -> None:
+        """Grow seq_id's table to cover num_tokens positions (e.g. speculative tree slots).
+        Never shrinks: asking for no more than it already covers is a no-op (see truncate)."""
+        s = self._seq(seq_id)
+        num_tokens = _check_count("num_tokens", num_tokens, 0)
+        if num_tokens <= s.num_tokens:
+            return
+        need = self._blocks_for(num_tokens) - len(s.blocks)
+        if need > len(self._free):
+            raise OutOfBlocksError(f"append seq {seq_id!r} to {num_tokens} tokens needs {need} "
+                                   f"free blocks, {len(self._free)} free: ask can_append first")
+        s.blocks += [self._take_fresh() for _ in range(need)]
+        s.num_tokens = num_tokens
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Release the blocks beyond those covering num_tokens positions (rejected speculation)."""
+        s = self._seq(seq_id)
+        num_tokens = _check_count("num_tokens", num_tokens, 0)
+        if not s.num_committed <= num_tokens <= s.num_tokens:
+            raise ValueError(f"truncate seq {seq_id!r} to {num_tokens}: must lie in "
+                             f"[num_committed={s.num_committed}, num_tokens={s.num_tokens}]")
+        keep = self._blocks_for(num_tokens)
+        for bid in reversed(s.blocks[keep:]):
+            self._release(bid)
+        del s.blocks[keep:]
+        s.num_tokens = num_tokens
+
+    # ---- commit (prefix cache registration) ----------------------------------------------------
+    def commit(self, seq_id: int, token_ids: list[int], num_committed: int) -> None:
+        """Positions [0, num_committed) hold final KV of token_ids[:num_committed]; full blocks
+        among them that are not yet hashed are hashed and registered in the prefix cache."""
+        s = self._seq(seq_id)
+        num_committed = _check_count("num_committed", num_committed, 0)
+        if not s.num_committed <= num_committed <= min(s.num_tokens, len(token_ids)):
+            raise ValueError(
+                f"commit seq {seq_id!r}: num_committed={num_committed} must lie in [{s.num_committed}"
+                f", min(num_tokens={s.num_tokens}, len(token_ids)={len(token_ids)})]")
+        bs = self.block_size
+        if self.enable_prefix_caching:
+            for i in range(s.num_committed // bs, num_committed // bs):
+                self._register(s, self._blocks[s.blocks[i]], tuple(token_ids[i * bs:(i + 1) * bs]))
+        s.num_committed = num_committed
+
+    def _register(self, s: _Seq, block: Block, toks: tuple[int, ...]) -> None:
+        h = self._hash(s.prev_hash, toks)
+        s.prev_hash = h
+        if s.prev_chain_id == _BROKEN:
+            return
+        other_id = self._cached.get(h)
+        if other_id is None:
+            self._set_cached(block, h, toks, s.prev_chain_id, self._new_chain_id())
+        elif not self._matches(self._blocks[other_id], toks, s.prev_chain_id):
+            s.prev_chain_id = _BROKEN  # collision: a different prefix owns this hash
+            return
+        elif self._blocks[other_id].ref_count == 0:
+            # Same content sits free in the cache: retire it, `block` takes its place and chain id
+            # (so blocks registered after it stay reachable).
+            other = self._blocks[other_id]
+            chain_id = other.chain_id
+            del self._cached[h]
+            other.clear()
+            self._free.move_to_end(other_id, last=False)
+            self._set_cached(block, h, toks, s.prev_chain_id, chain_id)
+        else:
+            block = self._blocks[other_id]  # in-use duplicate: keep it, our copy stays uncached
+        s.prev_chain_id = block.chain_id
+
+    # ---- fork / free ---------------------------------------------------------------------------
+    def can_fork(self, parent_id: int) -> bool:
+        return self._fork_copies(self._seq(parent_id)) <= len(self._free)
+
+    def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
+        """child_id shares parent_id's wholly committed blocks; the rest (the trailing partial
+        block, any speculative slots) is copied: returns (src_block, dst_block) pairs to copy."""
+        p = self._seq(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"fork child seq_id {child_id!r} already has a block table")
+        need = self._fork_copies(p)
+        if need > len(self._free):
+            raise OutOfBlocksError(f"fork of seq {parent_id!r} needs {need} free blocks, "
+                                   f"{len(self._free)} free: ask can_fork first")
+        n_shared = len(p.blocks) - need
+        for bid in p.blocks[:n_shared]:
+            self._blocks[bid].ref_count += 1
+        copies = [(src, self._take_fresh()) for src in p.blocks[n_shared:]]
+        blocks = p.blocks[:n_shared] + [dst for _, dst in copies]
+        self._seqs[child_id] = _Seq(blocks, p.num_tokens, p.num_committed, p.prev_hash,
+                                    p.prev_chain_id)
+        return copies
+
+    def free(self, seq_id: int) -> None:
+        """Drop seq_id's table (finish, abort, preempt, error); cached blocks stay reusable."""
+        s = self._seqs.pop(seq_id, None)
+        if s is None:
+            raise KeyError(f"unknown seq_id {seq_id!r}: no block table (never allocated or "
+                           "already freed)")
+        for bid in reversed(s.blocks):  # tail first, so a prefix's head is evicted last
+            self._release(bid)
+
+    # ---- invariants (tests) --------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the allocator's bookkeeping is inconsistent."""
+        refs = [0] * self.num_blocks
+        for seq_id, s in self._seqs.items():
+            self._check_seq(seq_id, s)
+            for bid in s.blocks:
+                refs[bid] += 1
+        for b in self._blocks:
+            _expect(b.ref_count == refs[b.id], f"block {b.id}: ref_count {b.ref_count}, "
+                                               f"held by {refs[b.id]} tables")
+            _expect((b.ref_count == 0) == (b.id in self._free), f"block {b.id}: ref_count "
+                    f"{b.ref_count} but {'in' if b.id in self._free else 'not in'} free list")
+            if b.hash is None:
+                _expect(b.token_ids is None, f"block {b.id}: unhashed but has token ids")
+            else:
+                _expect(self._cached.get(b.hash) == b.id, f"block {b.id}: hash not registered")
+                _expect(b.token_ids is not None and len(b.token_ids) == self.block_size,
+                        f"block {b.id}: cached without a full block of token ids")
+        for h, bid in self._cached.items():
+            _expect(self._blocks[bid].hash == h, f"cache entry {h} -> block {bid} is stale")
+        _expect(len(self._free) == refs.count(0), "free list size != blocks with no holder")
+
+    def _check_seq(self, seq_id: int, s: _Seq) -> None:
+        _expect(len(s.blocks) == self._blocks_for(s.num_tokens),
+                f"seq {seq_id}: {len(s.blocks)} blocks for {s.num_tokens} tokens")
+        _expect(len(set(s.blocks)) == len(s.blocks), f"seq {seq_id}: a block appears twice")
+        _expect(0 <= s.num_committed <= s.num_tokens, f"seq {seq_id}: bad num_committed")
+        for i in range(s.num_committed // self.block_size, len(s.blocks)):
+            b = self._blocks[s.blocks[i]]
+            _expect(b.ref_count == 1, f"seq {seq_id}: block {b.id} (index {i}) is written into "
+                                      f"but has ref_count {b.ref_count}")
+            _expect(b.hash is None, f"seq {seq_id}: block {b.id} is written into but hashed")
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _seq(self, seq_id: int) -> _Seq:
+        s = self._seqs.get(seq_id)
+        if s is None:
+            raise KeyError(f"unknown seq_id {seq_id!r}: no block table")
+        return s
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _check_request(self, token_ids: list[int], extra_tokens: int) -> int:
+        if len(token_ids) == 0:
+            raise ValueError("token_ids is empty: a sequence needs at least one prompt token")
+        return len(token_ids) + _check_count("extra_tokens", extra_tokens, 0)
+
+    def _allocate_cost(self, total: int, hits: list[Block]) -> int:
+        """Free blocks taken: fresh ones plus hit blocks that currently sit in the free list."""
+        return self._blocks_for(total) - len(hits) + sum(b.ref_count == 0 for b in hits)
+
+    def _fork_copies(self, parent: _Seq) -> int:
+        return len(parent.blocks) - parent.num_committed // self.block_size
+
+    def _lookup(self, token_ids: list[int]) -> tuple[list[Block], int | None, int]:
+        """Longest verified cached prefix of whole blocks, never including the last token."""
+        hits: list[Block] = []
+        prev_hash, prev_chain_id = None, _ROOT
+        if not self.enable_prefix_caching:
+            return hits, prev_hash, prev_chain_id
+        bs = self.block_size
+        for i in range((len(token_ids) - 1) // bs):
+            toks = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = self._hash(prev_hash, toks)
+            bid = self._cached.get(h)
+            if bid is None or not self._matches(self._blocks[bid], toks, prev_chain_id):
+                break
+            hits.append(self._blocks[bid])
+            prev_hash, prev_chain_id = h, self._blocks[bid].chain_id
+        return hits, prev_hash, prev_chain_id
+
+    @staticmethod
+    def _matches(block: Block, toks: tuple[int, ...], parent_chain_id: int) -> bool:
+        return block.token_ids == toks and block.parent_chain_id == parent_chain_id
+
+    def _hash(self, prev_hash: int | None, toks: tuple[int, ...]) -> int:
+        return block_hash(prev_hash, toks)  # module-level so tests can force collisions
+
+    def _new_chain_id(self) -> int:
+        self._next_chain_id += 1
+        return self._next_chain_id - 1
+
+    def _set_cached(self, b: Block, h: int, toks: tuple[int, ...], parent: int, chain: int) -> None:
+        b.hash, b.token_ids, b.parent_chain_id, b.chain_id = h, toks, parent, chain
+        self._cached[h] = b.id
+
+    def _take_fresh(self) -> int:
+        """Pop the first free block (uncached, else least recently freed), evicting its hash."""
+        bid, _ = self._free.popitem(last=False)
+        b = self._blocks[bid]
+        if b.hash is not None:
+            del self._cached[b.hash]
+            b.clear()
+        b.ref_count = 1
+        return bid
+
+    def _release(self, bid: int) -> None:
+        b = self._blocks[bid]
+        _expect(b.ref_count > 0, f"block {bid}: release with ref_count {b.ref_count}")
+        b.ref_count -= 1
+        if b.ref_count == 0:
+            self._free[bid] = None
+            if b.hash is None:
+                self._free.move_to_end(bid, last=False)  # nothing cached: reuse it first
+
+
+def _expect(cond: bool, msg: str) -> None:
+    if not cond:
+        raise AssertionError(msg)

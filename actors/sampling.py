@@ -1,0 +1,208 @@
+"""Sampling and speculative verification as pure functions: the reference oracle of every optimised path.
+
+No model, no engine state: tensors and token trees in, tokens out. All randomness comes from the
+``generator`` passed in, drawn in a fixed order, so a per-request seed reproduces a request.
+
+Vocabulary (ARCHITECTURE.md §3): **accepted** draft tokens agree with the target; the **recovered**
+token is sampled from the residual distribution at the first rejection; the **bonus** token is the
+target's extra token when a whole path was accepted. Tokens per step = accepted + 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from actors.sampling_params import SamplingParams
+from actors.tree import TokenTree
+
+_TOP_P_PREFIX = 1024  # top-p first tries this many most-probable tokens before a full sort
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """logits [..., V] -> probs [..., V]: temperature, then top-k (0 = off), then top-p (1.0 = off).
+
+    Apply the same settings to the target and the draft. top-k keeps every token tied with the k-th
+    largest logit; top-p keeps the smallest most-probable set whose mass reaches top_p.
+    Float32 at least (float64 stays float64).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to sample (got {temperature}); use greedy() for temperature 0")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, 0 = off (got {top_k})")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], 1.0 = off (got {top_p})")
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    if 0 < top_k < logits.shape[-1]:
+        pivot = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < pivot, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = _top_p_candidates(probs, top_k, top_p)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p  # the most probable token has mass_before 0: always kept
+        drop = torch.ones_like(probs, dtype=torch.bool).scatter(-1, order, drop_sorted)  # outside: dropped
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_p_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs [..., V] -> (values, indices) [..., m], descending, covering every token top-p may keep.
+
+    A full sort of V = 49k is slow on CPU; top-p can only keep tokens inside any most-probable
+    prefix whose mass already reaches top_p, so a partial top-k suffices when one exists.
+    """
+    vocab = probs.shape[-1]
+    if 0 < top_k < vocab:  # only the top-k survivors (k, plus ties) have mass
+        return probs.topk(int((probs > 0).sum(dim=-1).max()), dim=-1)
+    if vocab > _TOP_P_PREFIX:
+        values, indices = probs.topk(_TOP_P_PREFIX, dim=-1)
+        if bool((values.cumsum(dim=-1)[..., -1] >= top_p).all()):  # the same sums a full sort would see
+            return values, indices
+    return probs.sort(dim=-1, descending=True)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token from probs [V] (need not be normalised) with the exponential race:
+    argmax(p_i / E_i), E_i ~ Exp(1) i.i.d. (gpt-fast; no device sync until the final int)."""
+    if probs.dim() != 1:
+        raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
+    race = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=generator)
+    scores = torch.where(probs > 0, probs.double() / race, -1.0)
+    token = int(scores.argmax())
+    if not probs[token] > 0:
+        raise ValueError("cannot sample from a distribution with no positive mass")
+    return token
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> token ids [...] (int64): the most likely token."""
+    return logits.argmax(dim=-1)
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
+    """Plain (non-speculative) next token from logits [V]: greedy when temperature == 0."""
+    if params.greedy:
+        return int(greedy(logits))
+    return sample(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), generator)
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    accepted_nodes: list[int]  # tree node indices along the accepted path, root excluded
+    accepted_tokens: list[int]  # their tokens
+    next_token: int  # recovered token at the first rejection, or the bonus token
+    bonus: bool  # True when the accepted path ended at a leaf (for a root-only tree: the plain next token)
+
+    @property
+    def output_tokens(self) -> list[int]:
+        """Tokens this step emits: accepted + [next_token]."""
+        return [*self.accepted_tokens, self.next_token]
+
+
+def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor | Sequence[int]) -> VerifyResult:
+    """Greedy verification. target_argmax [n]: the target's greedy token after node i (its logits row).
+
+    A node is accepted when its parent is accepted and its token equals target_argmax[parent]; the
+    result is the deepest accepted node's path (first in index order among equals: duplicates).
+    """
+    argmax = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else list(target_argmax)
+    if len(argmax) != tree.size:
+        raise ValueError(f"target_argmax has {len(argmax)} entries for a tree of {tree.size} nodes")
+    accepted = [False] * tree.size
+    accepted[0] = True
+    depth = [0] * tree.size
+    best = 0
+    for i in range(1, tree.size):
+        parent = tree.parents[i]
+        if accepted[parent] and tree.tokens[i] == argmax[parent]:
+            accepted[i] = True
+            depth[i] = depth[parent] + 1
+            if depth[i] > depth[best]:
+                best = i
+    nodes = tree.path_to(best)[1:]
+    has_children = any(tree.parents[j] == best for j in range(best + 1, tree.size))
+    return VerifyResult(nodes, [tree.tokens[i] for i in nodes], int(argmax[best]), bonus=not has_children)
+
+
+def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    return float(torch.rand((), dtype=torch.float64, generator=generator, device=device))
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
+    """norm(max(0, p - q)) [V]; q None = delta at token. Falls back to p if float error leaves no mass."""
+    if q is None:
+        r = p.clone()
+        r[token] = 0.0
+    else:
+        r = (p - q).clamp_min(0.0)
+    total = r.sum()
+    if not total > 0:
+        return p
+    return r / total
+
+
+def verify_sampling(
+    tree: TokenTree, target_probs: torch.Tensor, generator: torch.Generator | None = None
+) -> VerifyResult:
+    """Multi-step speculative sampling (SpecInfer MSS); target_probs [n, V]: the target's distribution after node i.
+
+    At node u with residual p = target_probs[u], try u's children in order: child c (proposal q_c, a
+    delta when None) is accepted with probability min(1, p[tok]/q_c[tok]); on acceptance move to c,
+    on rejection p <- norm(max(0, p - q_c)). When no child is accepted, sample the next token from p:
+    recovered after rejections, bonus at a leaf. For a chain this is standard rejection sampling.
+    Randomness, in order: one uniform per child tried, then one draw for the next token.
+    """
+    if target_probs.dim() != 2 or target_probs.shape[0] != tree.size:
+        raise ValueError(f"target_probs must be [{tree.size}, V] for this tree, got {tuple(target_probs.shape)}")
+    kids = tree.child_lists()
+    node, nodes = 0, []
+    p = target_probs[0]
+    while True:
+        for child in kids[node]:
+            token, q = tree.tokens[child], tree.draft_probs[child]
+            q_token = 1.0 if q is None else float(q[token])
+            if _uniform(generator, target_probs.device) * q_token < float(p[token]):
+                node = child
+                break
+            p = _residual(p, q, token)
+        else:  # no child accepted (or none to try)
+            break
+        nodes.append(node)
+        p = target_probs[node]
+    next_token = sample(p, generator)
+    return VerifyResult(nodes, [tree.tokens[i] for i in nodes], next_token, bonus=not kids[node])
+
+
+def reference_speculative_sample(
+    draft_tokens: Sequence[int],
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Chain speculative sampling, written to be read: the oracle for verify_sampling and kernels.
+
+    draft_tokens: K proposed tokens; draft_probs [K, V]: the q each was sampled from (None: all
+    deterministic, q = one-hot); target_probs [K+1, V]: the target after the root and each draft.
+    Returns the emitted tokens: accepted drafts, then the recovered or bonus token.
+    """
+    out: list[int] = []
+    for i, token in enumerate(draft_tokens):
+        p = target_probs[i]
+        if draft_probs is None:
+            q = torch.nn.functional.one_hot(torch.tensor(token, device=p.device), p.shape[-1]).to(p.dtype)
+        else:
+            q = draft_probs[i]
+        u = float(torch.rand((), dtype=torch.float64, generator=generator, device=p.device))
+        if u * float(q[token]) < float(p[token]):  # accept with probability min(1, p/q)
+            out.append(token)
+            continue
+        residual = (p - q).clamp_min(0.0)
+        if not residual.sum() > 0:
+            residual = p
+        out.append(sample(residual / residual.sum(), generator))  # recovered
+        return out
+    out.append(sample(target_probs[len(draft_tokens)], generator))  # bonus
+    return out

@@ -1,0 +1,580 @@
+"""Tests for actors.sampling: logits_to_probs, sampling, greedy verification and lossless multi-step
+speculative sampling (chi-square against the target's exact distribution, with negative controls)."""
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+import actors.sampling as sampling_module
+from actors.sampling import (
+    VerifyResult,
+    _residual,
+    greedy,
+    logits_to_probs,
+    reference_speculative_sample,
+    sample,
+    sample_next,
+    verify_greedy,
+    verify_sampling,
+)
+from actors.sampling_params import SamplingParams
+from actors.tree import TokenTree, merge_trees
+
+# --------------------------------------------------------------------------- logits_to_probs, sample
+
+
+def test_logits_to_probs_temperature():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    for t in (0.5, 1.0, 3.0):
+        torch.testing.assert_close(logits_to_probs(logits, t), torch.softmax(logits / t, -1))
+    sharp, flat = logits_to_probs(logits, 0.2), logits_to_probs(logits, 5.0)
+    assert sharp[0] > torch.softmax(logits, -1)[0] > flat[0]
+
+
+def test_logits_to_probs_top_k():
+    logits = torch.tensor([0.1, 3.0, -2.0, 2.0, 1.0])
+    probs = logits_to_probs(logits, 1.0, top_k=2)
+    assert probs.nonzero().flatten().tolist() == [1, 3]
+    torch.testing.assert_close(probs[[1, 3]], torch.softmax(logits[[1, 3]], -1))
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, top_k=5), torch.softmax(logits, -1))  # k >= V: off
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, top_k=0), torch.softmax(logits, -1))  # 0: off
+
+
+def test_logits_to_probs_top_p():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3], dtype=torch.float64)
+    logits = probs.log()
+    keep = lambda top_p: logits_to_probs(logits, 1.0, top_p=top_p).nonzero().flatten().tolist()  # noqa: E731
+    assert keep(0.1) == [1]  # the most probable token is always kept
+    assert keep(0.7) == [1, 3]  # 0.5 < 0.7, then 0.8 >= 0.7: stop
+    assert keep(0.9) == [1, 2, 3]
+    assert keep(1.0) == [0, 1, 2, 3]
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=0.7)[[1, 3]], torch.tensor([0.5, 0.3]).double() / 0.8)
+
+
+def test_logits_to_probs_top_k_then_top_p_batched():
+    logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(0))
+    probs = logits_to_probs(logits, 0.7, top_k=10, top_p=0.8)
+    assert probs.shape == logits.shape and probs.dtype == torch.float32
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 5))
+    kept = probs > 0
+    assert (kept.sum(-1) <= 10).all() and (kept.sum(-1) >= 1).all()
+    # kept tokens are the most probable ones: every kept logit >= every dropped logit
+    lowest_kept = torch.where(kept, logits, torch.inf).amin(-1)
+    highest_dropped = torch.where(kept, -torch.inf, logits).amax(-1)
+    assert (lowest_kept >= highest_dropped).all()
+    assert logits_to_probs(logits.double(), 1.0).dtype == torch.float64
+    assert logits_to_probs(logits.bfloat16(), 1.0).dtype == torch.float32
+
+
+def _full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:  # [..., V] -> [..., V]
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep_sorted = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    kept = probs * torch.zeros_like(probs).scatter(-1, order, keep_sorted.to(probs.dtype))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("prefix", [2, 8, 1024])
+def test_top_p_prefix_shortcut_matches_full_sort(monkeypatch, prefix):
+    monkeypatch.setattr(sampling_module, "_TOP_P_PREFIX", prefix)
+    g = torch.Generator().manual_seed(3)
+    for trial in range(100):
+        logits = torch.randn(4, 40, generator=g, dtype=torch.float64) * (0.5 + trial % 6)
+        top_p = float(torch.rand((), generator=g)) * 0.98 + 0.01
+        expected = _full_sort_top_p(torch.softmax(logits, -1), top_p)
+        torch.testing.assert_close(logits_to_probs(logits, 1.0, top_p=top_p), expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.floats(-4, 4), min_size=2, max_size=12),
+    st.floats(0.05, 4.0),
+    st.integers(0, 14),
+    st.floats(0.01, 1.0),
+)
+def test_logits_to_probs_properties(values, temperature, top_k, top_p):
+    logits = torch.tensor(values, dtype=torch.float64)
+    probs = logits_to_probs(logits, temperature, top_k, top_p)
+    assert torch.isclose(probs.sum(), torch.tensor(1.0, dtype=torch.float64))
+    kept = probs > 0
+    base = torch.softmax(logits / temperature, -1)
+    assert kept[base == base.max()].any()  # a most probable token is always kept
+    if top_k:
+        pivot = logits.topk(min(top_k, len(values))).values[-1]
+        assert not kept[logits < pivot].any()
+    # kept tokens keep their relative odds
+    torch.testing.assert_close(probs[kept], base[kept] / base[kept].sum())
+    # top-p keeps a minimal most-probable set reaching top_p of the top-k distribution
+    if top_k:
+        base = torch.where(logits < pivot, 0.0, base)
+    base = base / base.sum()
+    kept_mass = base[kept].sum()
+    assert kept_mass >= top_p - 1e-9 and kept_mass - base[kept].min() < top_p + 1e-9
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=1.0, top_k=-1), "top_k"),
+        (dict(temperature=1.0, top_p=0.0), "top_p"),
+        (dict(temperature=1.0, top_p=1.5), "top_p"),
+    ],
+)
+def test_logits_to_probs_rejects_bad_settings(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        logits_to_probs(torch.zeros(4), **kwargs)
+
+
+def test_sample_distribution_and_support():
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(1)
+    draws = np.array([sample(p, g) for _ in range(6000)])
+    counts = np.bincount(draws, minlength=4)
+    assert counts[1] == 0
+    assert chisquare(counts[[0, 2, 3]], 6000 * np.array([0.1, 0.6, 0.3])).pvalue > 1e-3
+    assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2
+    with pytest.raises(ValueError, match="positive mass"):
+        sample(torch.zeros(3), g)
+    with pytest.raises(ValueError, match=r"\[V\]"):
+        sample(torch.ones(2, 3), g)
+
+
+def test_greedy_and_sample_next():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    assert greedy(logits).tolist() == [1, 0]
+    assert sample_next(logits[0], SamplingParams(temperature=0.0)) == 1
+    params = SamplingParams(temperature=0.8, top_k=2, seed=7)
+    draws = [sample_next(logits[0], params, torch.Generator().manual_seed(s)) for s in range(200)]
+    assert set(draws) == {1, 2}  # top-k=2 excludes token 0
+    again = [sample_next(logits[0], params, torch.Generator().manual_seed(s)) for s in range(200)]
+    assert draws == again
+
+
+# --------------------------------------------------------------------------- greedy verification
+
+
+def test_verify_greedy_full_accept_gives_bonus():
+    tree = TokenTree.chain(5, [1, 2, 3])
+    res = verify_greedy(tree, [1, 2, 3, 9])
+    assert res == VerifyResult([1, 2, 3], [1, 2, 3], 9, bonus=True)
+    assert res.output_tokens == [1, 2, 3, 9]
+
+
+def test_verify_greedy_first_token_rejected_recovers():
+    tree = TokenTree.chain(5, [1, 2, 3])
+    assert verify_greedy(tree, torch.tensor([7, 2, 3, 9])) == VerifyResult([], [], 7, bonus=False)
+
+
+def test_verify_greedy_rejects_mid_chain():
+    tree = TokenTree.chain(5, [1, 2, 3])
+    assert verify_greedy(tree, [1, 2, 4, 9]) == VerifyResult([1, 2], [1, 2], 4, bonus=False)
+
+
+def test_verify_greedy_picks_matching_branch():
+    tree = TokenTree.root(0)
+    for token in (4, 5, 6):
+        tree.add(0, token)
+    tree.add(2, 8)  # node 4 under token 5
+    tree.add(1, 8)  # node 5 under token 4
+    res = verify_greedy(tree, [5, 0, 8, 0, 1, 0])
+    assert res == VerifyResult([2, 4], [5, 8], 1, bonus=True)
+
+
+def test_verify_greedy_takes_longest_path_among_duplicates():
+    tree = TokenTree.root(0)
+    tree.add(0, 3)  # node 1: leaf
+    tree.add(0, 3)  # node 2: same token, longer subtree
+    tree.add(2, 4)  # node 3
+    tree.add(3, 6)  # node 4
+    res = verify_greedy(tree, [3, 9, 4, 6, 2])
+    assert res.accepted_nodes == [2, 3, 4] and res.next_token == 2 and res.bonus
+    # same depth everywhere: the first in index order wins
+    assert verify_greedy(tree, [3, 9, 5, 6, 2]) == VerifyResult([1], [3], 9, bonus=True)
+
+
+def test_verify_greedy_checks_length():
+    with pytest.raises(ValueError, match="3 entries"):
+        verify_greedy(TokenTree.chain(0, [1]), [1, 2, 3])
+
+
+@st.composite
+def trees_and_argmax(draw, vocab=3):
+    n = draw(st.integers(1, 14))
+    tree = TokenTree.root(0)
+    for i in range(1, n):
+        tree.add(draw(st.integers(0, i - 1)), draw(st.integers(0, vocab - 1)))
+    return tree, draw(st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees_and_argmax())
+def test_verify_greedy_matches_brute_force(case):
+    tree, argmax = case
+
+    def fully_matched(i):  # every node on the path matches its parent's argmax
+        return all(tree.tokens[j] == argmax[tree.parents[j]] for j in tree.path_to(i)[1:])
+
+    longest = max(len(tree.path_to(i)) - 1 for i in range(tree.size) if fully_matched(i))
+    res = verify_greedy(tree, argmax)
+    assert len(res.accepted_nodes) == longest
+    path = [0, *res.accepted_nodes]
+    assert all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+    assert fully_matched(path[-1])
+    assert res.accepted_tokens == [tree.tokens[i] for i in res.accepted_nodes]
+    assert res.next_token == argmax[path[-1]]
+    assert res.bonus == (not tree.children(path[-1]))
+
+
+# --------------------------------------------------------------------------- sampling verification: edge cases
+
+
+def _delta(token: int, vocab: int = 4) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(token), vocab).float()
+
+
+def test_verify_sampling_certain_accept_and_bonus():
+    tree = TokenTree.chain(0, [1, 2], draft_probs=torch.full((2, 4), 0.25))
+    target = torch.stack([_delta(1), _delta(2), _delta(3)])
+    for seed in range(20):
+        res = verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+        assert res == VerifyResult([1, 2], [1, 2], 3, bonus=True)
+
+
+def test_verify_sampling_impossible_token_is_rejected_and_never_recovered():
+    tree = TokenTree.root(0)
+    tree.add(0, 1)  # deterministic proposal of a token the target never emits
+    tree.add(0, 2, q=torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    target = torch.tensor([[0.5, 0.0, 0.0, 0.5], [0.25] * 4, [0.25] * 4])
+    for seed in range(50):
+        res = verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+        assert res.accepted_nodes == [] and res.next_token in (0, 3) and not res.bonus
+
+
+def test_verify_sampling_zero_draft_probability_accepts():
+    # q[token] == 0 (a proposal outside q's support) with p[token] > 0: ratio is infinite, accept
+    tree = TokenTree.chain(0, [2], draft_probs=torch.tensor([[0.5, 0.5, 0.0, 0.0]]))
+    target = torch.tensor([[0.1, 0.1, 0.4, 0.4], [0.25] * 4])
+    for seed in range(20):
+        assert verify_sampling(tree, target, torch.Generator().manual_seed(seed)).accepted_tokens == [2]
+
+
+def test_residual_falls_back_when_no_mass_left():
+    p = torch.tensor([0.5, 0.5])
+    assert torch.equal(_residual(p, torch.tensor([0.5, 0.5]) + 1e-7, 0), p)
+    torch.testing.assert_close(_residual(p, torch.tensor([1.0, 0.0]), 0), torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(_residual(p, None, 1), torch.tensor([1.0, 0.0]))
+    # through verify: an (unnormalised) q dominating p everywhere still yields a valid token
+    tree = TokenTree.chain(0, [0], draft_probs=torch.tensor([[1.0, 1.0]]))
+    target = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    tokens = {verify_sampling(tree, target, torch.Generator().manual_seed(s)).output_tokens[0] for s in range(40)}
+    assert tokens == {0, 1}
+
+
+def test_verify_sampling_checks_shape():
+    with pytest.raises(ValueError, match=r"\[2, V\]"):
+        verify_sampling(TokenTree.chain(0, [1]), torch.full((3, 4), 0.25))
+
+
+@st.composite
+def trees_and_target(draw, vocab=4):
+    n = draw(st.integers(1, 10))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    mask = torch.rand(n, vocab, generator=g) < 0.7
+    mask[:, 0] = True
+    target = torch.rand(n, vocab, generator=g) * mask
+    target = target / target.sum(-1, keepdim=True)
+    tree = TokenTree.root(0)
+    for i in range(1, n):
+        q = torch.softmax(torch.randn(vocab, generator=g), -1) if draw(st.booleans()) else None
+        tree.add(draw(st.integers(0, i - 1)), draw(st.integers(0, vocab - 1)), q)
+    return tree, target, draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees_and_target())
+def test_verify_sampling_result_is_a_valid_path(case):
+    tree, target, seed = case
+    res = verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+    path = [0, *res.accepted_nodes]
+    assert all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+    assert all(target[a, tree.tokens[b]] > 0 for a, b in zip(path, path[1:]))
+    assert target[path[-1], res.next_token] > 0
+    assert res.bonus == (not tree.children(path[-1]))
+    assert res == verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- losslessness by chi-square
+#
+# A tiny fixed "language model": the next-token distribution is a seeded random table over
+# (position of the last token, last token). Target and draft are two such tables. A generation
+# loop runs speculative steps (propose a tree from the draft, score it with the target, verify)
+# until it has N_TOKENS tokens; the empirical joint distribution of those tokens must equal the
+# target's exact autoregressive distribution.
+
+V, MAX_POS, N_TOKENS, ROOT = 6, 12, 3, 0
+TRIALS = 20_000
+P_PASS, P_FAIL = 1e-3, 1e-6
+
+
+class ToyLM:
+    def __init__(self, seed: int, sharpness: float, top_k: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(MAX_POS, V, V, generator=g, dtype=torch.float64) * sharpness
+        self.probs = logits_to_probs(logits, 1.0, top_k=top_k)  # [pos, last token, next token]
+        self._cum = self.probs.cumsum(-1).tolist()
+        self._order = self.probs.argsort(dim=-1, descending=True, stable=True).tolist()
+        self._rows = [list(self.probs[pos].unbind()) for pos in range(MAX_POS)]
+
+    def dist(self, pos: int, last: int) -> torch.Tensor:  # [V]
+        return self._rows[pos][last]
+
+    def draw(self, pos: int, last: int, rng: random.Random) -> int:
+        cum = self._cum[pos][last]
+        return min(bisect.bisect_right(cum, rng.random() * cum[-1]), V - 1)
+
+    def top(self, pos: int, last: int, k: int) -> list[int]:
+        return self._order[pos][last][:k]
+
+    def rows(self, tree: TokenTree, root_pos: int) -> torch.Tensor:  # [n, V] target after each node
+        return self.probs[torch.tensor(tree.positions(root_pos)), torch.tensor(tree.tokens)]
+
+    def exact(self) -> np.ndarray:  # [V] * N_TOKENS joint distribution of the first tokens
+        joint = self.probs[0, ROOT].numpy()
+        for pos in range(1, N_TOKENS):
+            joint = joint[..., None] * self.probs[pos].numpy().reshape((1,) * (pos - 1) + (V, V))
+        return joint
+
+
+TARGET = ToyLM(seed=11, sharpness=1.3)
+TARGET_TOPK = ToyLM(seed=11, sharpness=1.3, top_k=4)  # zeros in p
+DRAFT = ToyLM(seed=23, sharpness=1.0)
+DRAFT_TOPK = ToyLM(seed=29, sharpness=1.6, top_k=3)  # zeros in q
+
+
+# Proposers: (context position of the root, root token, rng) -> TokenTree
+def _grow_sampled(tree: TokenTree, node: int, pos: int, length: int, draft: ToyLM, rng: random.Random) -> None:
+    for depth in range(length):
+        q = draft.dist(pos + depth, tree.tokens[node])
+        node = tree.add(node, draft.draw(pos + depth, tree.tokens[node], rng), q)
+
+
+def _grow_greedy(tree: TokenTree, node: int, pos: int, length: int, draft: ToyLM) -> None:
+    for depth in range(length):
+        node = tree.add(node, draft.top(pos + depth, tree.tokens[node], 1)[0])
+
+
+def sampled_tree(width: int, depth: int, draft: ToyLM = DRAFT) -> Callable:
+    """width i.i.d. children sampled from q at depth 1, each continued by a sampled chain."""
+
+    def propose(pos: int, root: int, rng: random.Random) -> TokenTree:
+        tree = TokenTree.root(root)
+        for _ in range(width):
+            child = tree.add(0, draft.draw(pos, root, rng), draft.dist(pos, root))
+            _grow_sampled(tree, child, pos + 1, depth - 1, draft, rng)
+        return tree
+
+    return propose
+
+
+def deterministic_tree(width: int, depth: int, draft: ToyLM = DRAFT) -> Callable:
+    """The draft's top-`width` tokens at depth 1 (deltas), each continued greedily."""
+
+    def propose(pos: int, root: int, rng: random.Random) -> TokenTree:
+        tree = TokenTree.root(root)
+        for token in draft.top(pos, root, width):
+            _grow_greedy(tree, tree.add(0, token), pos + 1, depth - 1, draft)
+        return tree
+
+    return propose
+
+
+def merged_tree(pos: int, root: int, rng: random.Random) -> TokenTree:
+    """Three proposers merged: deterministic top-2 tree, sampled width-2 tree, a greedy chain that
+    duplicates the first deterministic branch (deduplicated) and a sampled chain from a second draft."""
+    trees = [
+        deterministic_tree(2, 2)(pos, root, rng),
+        sampled_tree(2, 3)(pos, root, rng),
+        deterministic_tree(1, 3)(pos, root, rng),
+        sampled_tree(1, 2, DRAFT_TOPK)(pos, root, rng),
+    ]
+    return merge_trees(trees)
+
+
+SHARP_DRAFT = ToyLM(seed=23, sharpness=2.0)  # peaked q: i.i.d. siblings often repeat a token
+
+
+def merged_sampled_children(fold_duplicates: bool = False) -> Callable:
+    """Three proposers each sampling one child from the same peaked q, merged. With
+    fold_duplicates, sampled siblings with equal tokens become one node: what merge_trees must NOT do."""
+
+    def propose(pos: int, root: int, rng: random.Random) -> TokenTree:
+        chains = [sampled_tree(1, 1, SHARP_DRAFT)(pos, root, rng) for _ in range(3)]
+        if not fold_duplicates:
+            return merge_trees(chains)
+        tree = TokenTree.root(root)
+        for token, q in {c.tokens[1]: c.draft_probs[1] for c in chains}.items():
+            tree.add(0, token, q)
+        return tree
+
+    return propose
+
+
+def generate(propose: Callable, verify: Callable, target: ToyLM, seed: int, trials: int) -> np.ndarray:
+    """[trials, N_TOKENS] tokens from the speculative loop; one draft rng and one verify generator."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    out = np.empty((trials, N_TOKENS), dtype=np.int64)
+    for t in range(trials):
+        seq = [ROOT]
+        while len(seq) <= N_TOKENS:
+            tree = propose(len(seq) - 1, seq[-1], rng)
+            seq += verify(tree, target.rows(tree, len(seq) - 1), gen).output_tokens
+        out[t] = seq[1 : N_TOKENS + 1]
+    return out
+
+
+def chi_square_pvalues(samples: np.ndarray, target: ToyLM) -> dict[str, float]:
+    """p-values of the first token, the first 2 (joint) and the first 3 (joint) against the exact target."""
+    exact = target.exact()
+    pvalues = {}
+    for m, name in ((1, "first"), (2, "joint2"), (3, "joint3")):
+        probs = exact.sum(axis=tuple(range(m, N_TOKENS))).ravel()
+        cells = np.ravel_multi_index(samples[:, :m].T, (V,) * m)
+        observed = np.bincount(cells, minlength=V**m).astype(float)
+        expected = probs * len(samples)
+        assert observed[probs == 0].sum() == 0, "a token sequence the target cannot produce was generated"
+        small = (expected < 5) & (probs > 0)  # pool sparse cells so the chi-square approximation holds
+        big = expected >= 5
+        obs = np.append(observed[big], observed[small].sum())
+        exp = np.append(expected[big], expected[small].sum())
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        pvalues[name] = float(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+    return pvalues
+
+
+LOSSLESS_CASES = {
+    "chain_k3_sampled": (sampled_tree(1, 3), TARGET),
+    "chain_k3_deterministic_topk_target": (deterministic_tree(1, 3), TARGET_TOPK),
+    "tree_iid_width3": (sampled_tree(3, 3), TARGET),
+    "tree_iid_width2_topk_draft_and_target": (sampled_tree(2, 3, DRAFT_TOPK), TARGET_TOPK),
+    "tree_deterministic_width3": (deterministic_tree(3, 3), TARGET),
+    "tree_merged": (merged_tree, TARGET),
+    "tree_merged_sampled_duplicates_kept": (merged_sampled_children(), TARGET),
+}
+
+
+@pytest.mark.parametrize("case", list(LOSSLESS_CASES))
+def test_speculative_sampling_is_lossless(case):
+    propose, target, *verify = LOSSLESS_CASES[case]
+    samples = generate(propose, verify[0] if verify else verify_sampling, target, seed=1234, trials=TRIALS)
+    pvalues = chi_square_pvalues(samples, target)
+    print(f"\n{case}: chi-square p-values {pvalues}")
+    assert min(pvalues.values()) > P_PASS, pvalues
+
+
+# Negative controls: the same harness must reject subtly wrong verifiers.
+
+
+def _wrong_recovery_from_target(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> VerifyResult:
+    """Chain verifier that accepts with min(1, p/q) but samples the recovered token from p, not the residual."""
+    node = 0
+    for child in range(1, tree.size):
+        token, q = tree.tokens[child], tree.draft_probs[child]
+        u = float(torch.rand((), dtype=torch.float64, generator=gen))
+        if u * float(q[token]) >= float(target_probs[node, token]):
+            break
+        node = child
+    nodes = list(range(1, node + 1))
+    return VerifyResult(nodes, tree.tokens[1 : node + 1], sample(target_probs[node], gen), node == tree.size - 1)
+
+
+def _wrong_no_sibling_residual(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> VerifyResult:
+    """Tree verifier that tests every sibling against the unchanged target p (no residual update
+    between siblings), recovering from norm(max(0, p - q)) of the last one only."""
+    kids, node, nodes = tree.child_lists(), 0, []
+    while kids[node]:
+        p = target_probs[node]
+        for child in kids[node]:
+            token, q = tree.tokens[child], tree.draft_probs[child]
+            if float(torch.rand((), dtype=torch.float64, generator=gen)) * float(q[token]) < float(p[token]):
+                break
+        else:
+            return VerifyResult(nodes, [tree.tokens[i] for i in nodes], sample(_residual(p, q, token), gen), False)
+        node = child
+        nodes.append(node)
+    return VerifyResult(nodes, [tree.tokens[i] for i in nodes], sample(target_probs[node], gen), True)
+
+
+@pytest.mark.parametrize(
+    "propose, wrong_verify",
+    [
+        (sampled_tree(1, 3), _wrong_recovery_from_target),
+        (sampled_tree(3, 3), _wrong_no_sibling_residual),
+        (merged_sampled_children(fold_duplicates=True), verify_sampling),
+    ],
+    ids=["chain_recover_from_target", "tree_no_sibling_residual", "merge_folds_sampled_duplicates"],
+)
+def test_chi_square_rejects_a_lossy_variant(request, propose, wrong_verify):
+    samples = generate(propose, wrong_verify, TARGET, seed=1234, trials=TRIALS)
+    pvalues = chi_square_pvalues(samples, TARGET)
+    print(f"\nnegative control {request.node.callspec.id}: chi-square p-values {pvalues}")
+    assert min(pvalues.values()) < P_FAIL, pvalues
+
+
+# --------------------------------------------------------------------------- oracle agreement, reproducibility
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_verify_sampling_equals_reference_on_chains(deterministic):
+    rng = random.Random(5)
+    propose = deterministic_tree(1, 4) if deterministic else sampled_tree(1, 4)
+    for seed in range(300):
+        pos, root = rng.randrange(4), rng.randrange(V)
+        tree = propose(pos, root, rng)
+        target = TARGET.rows(tree, pos)
+        q = None if deterministic else torch.stack(tree.draft_probs[1:])
+        expected = reference_speculative_sample(tree.tokens[1:], q, target, torch.Generator().manual_seed(seed))
+        assert verify_sampling(tree, target, torch.Generator().manual_seed(seed)).output_tokens == expected
+
+
+def test_same_seed_reproduces_and_different_seed_differs():
+    def run(seed: int, global_seed: int) -> list[list[int]]:
+        rng, gen = random.Random(0), torch.Generator().manual_seed(seed)  # same trees, verifier seed varies
+        trees = [merged_tree(pos % 4, pos % V, rng) for pos in range(100)]
+        with torch.random.fork_rng():
+            torch.manual_seed(global_seed)  # the global RNG must not matter: only `gen` is used
+            return [verify_sampling(t, TARGET.rows(t, i % 4), gen).output_tokens for i, t in enumerate(trees)]
+
+    assert run(42, global_seed=1) == run(42, global_seed=2)
+    assert run(42, global_seed=1) != run(43, global_seed=1)
+
+
+@pytest.mark.parametrize(
+    "propose",
+    [sampled_tree(1, 3), sampled_tree(3, 2), deterministic_tree(3, 3), deterministic_tree(2, 3, TARGET), merged_tree],
+    ids=["chain_sampled", "tree_sampled", "tree_deterministic", "tree_with_perfect_branch", "tree_merged"],
+)
+def test_greedy_speculation_reproduces_target_greedy_output(propose):
+    greedy_next = TARGET.probs.argmax(-1).tolist()  # [pos][last token]
+    rng, length, accepted = random.Random(0), 9, 0
+    for root in range(V):
+        expected = [root]
+        for pos in range(length - 1):
+            expected.append(greedy_next[pos][expected[-1]])
+        seq = [root]
+        while len(seq) < length:
+            tree = propose(len(seq) - 1, seq[-1], rng)
+            res = verify_greedy(tree, greedy(TARGET.rows(tree, len(seq) - 1)))
+            seq += res.output_tokens
+            accepted += len(res.accepted_tokens)
+        assert seq[:length] == expected
+    assert accepted > 0  # acceptance is exercised, not only recovery

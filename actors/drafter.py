@@ -1,0 +1,106 @@
+"""Proposers: one interface, batched across sequences; each returns one token tree per request.
+
+- ``ngram``: prompt lookup (longest suffix match in prompt + output), deterministic proposals;
+- ``layerskip:N`` and ``draft``: model proposers, see actors/model_drafter.py;
+- ``MergedProposer``: several proposers' trees merged into one (SpecInfer's merge).
+A proposer that fails raises; the engine then decodes that step without speculation.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from actors.sampling_params import SamplingParams
+from actors.tree import TokenTree, merge_trees, truncate_tree
+
+
+@dataclass(slots=True)
+class DraftRequest:
+    seq_id: int
+    token_ids: list[int]  # prompt + output; the last one is the root of the tree
+    expansion: list[int]  # branching per depth; a chain of K is [1] * K
+    max_nodes: int  # draft-node slots reserved for this step
+    params: SamplingParams
+    generator: torch.Generator | None
+    block_table: list[int]  # target block table, covering positions up to len(token_ids)-1+max_nodes
+
+    @property
+    def root_position(self) -> int:
+        return len(self.token_ids) - 1
+
+    @staticmethod
+    def make_dummy(token_ids: list[int], k: int = 3) -> "DraftRequest":
+        return DraftRequest(0, list(token_ids), [1] * k, k, SamplingParams(), None, [])
+
+
+class Proposer(ABC):
+    name: str = "proposer"
+
+    @abstractmethod
+    def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
+        """One tree per request, rooted at the request's last token, at most ``max_nodes`` drafts."""
+
+    def release(self, seq_id: int) -> None:
+        """The sequence finished, was aborted or preempted: drop any per-sequence state."""
+
+
+class NgramProposer(Proposer):
+    """Prompt lookup: find the longest suffix (``n_max`` down to ``n_min`` tokens) that occurred
+    earlier in prompt + output and propose what followed it. Width > 1 at depth 1 proposes the
+    continuations of several distinct earlier matches (most recent first)."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 1, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"ngram sizes must satisfy 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_min, self.n_max = n_min, n_max
+
+    def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
+        return [self._propose_one(r) for r in reqs]
+
+    def _propose_one(self, req: DraftRequest) -> TokenTree:
+        tokens = np.asarray(req.token_ids, dtype=np.int64)
+        depth = len(req.expansion)
+        width = req.expansion[0] if req.expansion else 0
+        trees = [TokenTree.chain(int(tokens[-1]), c) for c in self._continuations(tokens, depth, width)]
+        if not trees:
+            return TokenTree.root(int(tokens[-1]))
+        return truncate_tree(merge_trees(trees), req.max_nodes)
+
+    def _continuations(self, tokens: np.ndarray, depth: int, width: int) -> list[list[int]]:
+        n_tok = len(tokens)
+        for n in range(min(self.n_max, n_tok - 1), self.n_min - 1, -1):
+            windows = sliding_window_view(tokens[:-1], n)  # [n_tok - n, n]: earlier n-grams
+            starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+            out: list[list[int]] = []
+            for s in starts[::-1]:  # most recent match first
+                cont = tokens[s + n: s + n + depth].tolist()
+                if cont and cont not in out:
+                    out.append(cont)
+                if len(out) >= width:
+                    break
+            if out:
+                return out
+        return []
+
+
+class MergedProposer(Proposer):
+    """Runs several proposers and merges their trees per request (SpecInfer's merge)."""
+
+    name = "merged"
+
+    def __init__(self, proposers: list[Proposer]):
+        self.proposers = proposers
+
+    def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
+        per = [p.propose(reqs) for p in self.proposers]
+        return [truncate_tree(merge_trees([t[i] for t in per]), r.max_nodes) for i, r in enumerate(reqs)]
+
+    def release(self, seq_id: int) -> None:
+        for p in self.proposers:
+            p.release(seq_id)

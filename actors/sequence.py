@@ -1,0 +1,124 @@
+"""Per-request sequence state: counts are stored, everything else is derived."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from actors.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Speculation counters of one request (vLLM's definitions)."""
+
+    num_drafts: int = 0  # verification steps that carried at least one draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [depth-1] -> accepted count
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        while len(self.accepted_per_pos) < num_accepted:
+            self.accepted_per_pos.append(0)
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+class Sequence:
+    """One request. ``token_ids`` = prompt + output; ``num_computed`` = tokens whose K/V are in
+    the target's cache. While decoding, ``num_computed == num_tokens - 1`` (the last token is the
+    root of the next token tree)."""
+
+    __slots__ = (
+        "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
+        "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
+        "generator", "spec", "num_preemptions", "text_offset", "error",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+        self.seq_id = next(_seq_counter)
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed = 0
+        self.params = params
+        self.status = SeqStatus.WAITING
+        self.finish_reason: str | None = None
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.generator = _make_generator(params)
+        self.spec = SpecStats()
+        self.num_preemptions = 0
+        self.text_offset = 0  # characters of output text already streamed
+        self.error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than the root token still needs its K/V computed."""
+        return self.num_uncomputed > 1 or self.num_output_tokens == 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.params.max_tokens - self.num_output_tokens
+
+    def reset_for_recompute(self) -> None:
+        """Preemption by recompute: the KV is dropped, the tokens are kept."""
+        self.num_computed = 0
+        self.status = SeqStatus.WAITING
+        self.num_preemptions += 1
+
+
+def _make_generator(params: SamplingParams) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    g = torch.Generator()
+    if params.seed is not None:
+        g.manual_seed(params.seed)
+    else:
+        g.seed()
+    return g

@@ -1,0 +1,130 @@
+"""Async token stream over the engine: one background thread owns the engine and runs the step
+loop; callers get an async iterator of RequestOutput deltas. Cancelling the iterator (a client
+that went away) aborts the request and frees its KV blocks."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from typing import AsyncIterator
+
+from actors.sampling_params import SamplingParams
+from cluster.engine import LLMEngine
+from cluster.outputs import RequestOutput
+
+log = logging.getLogger("specray.async_engine")
+_ids = itertools.count()
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="specray-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yields deltas until the final output (``finished=True``). Bad input raises ValueError
+        before anything is queued."""
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
+        rid = request_id or f"req-{next(_ids)}"
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        done = loop.create_future()
+        self._streams[rid] = (loop, q)
+        self._command(("add", rid, prompt, params or SamplingParams(), chat, done))
+        try:
+            await done  # raises the engine's ValueError for bad input
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if self._streams.pop(rid, None) is not None:
+                self._command(("abort", rid))
+
+    def abort(self, request_id: str) -> None:
+        self._command(("abort", request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopped = True
+        self._command(("stop",))
+        self._thread.join(timeout)
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _command(self, cmd) -> None:
+        self._commands.put(cmd)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            if not self._drain_commands():
+                return
+            if not self.engine.has_unfinished():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                outs = self.engine.step()
+            except Exception as e:  # a broken step must not hang callers
+                log.exception("engine step failed")
+                self._fail_all(e)
+                continue
+            for out in outs:
+                self._deliver(out.request_id, out)
+
+    def _drain_commands(self) -> bool:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd[0] == "stop":
+                self._fail_all(RuntimeError("engine shut down"))
+                return False
+            if cmd[0] == "abort":
+                out = self.engine.abort(cmd[1])
+                if out is not None:
+                    self._deliver(cmd[1], out)
+            else:
+                self._add(*cmd[1:])
+
+    def _add(self, rid, prompt, params, chat, done) -> None:
+        loop = self._streams[rid][0] if rid in self._streams else None
+        try:
+            self.engine.add_request(rid, prompt, params, chat=chat)
+            err = None
+        except ValueError as e:
+            err = e
+        if loop is not None:
+            loop.call_soon_threadsafe(_settle_future, done, err)
+
+    def _deliver(self, rid: str, item) -> None:
+        target = self._streams.get(rid)
+        if target is not None:
+            loop, q = target
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _fail_all(self, err: Exception) -> None:
+        for rid in list(self._streams):
+            self.engine.abort(rid)
+            self._deliver(rid, RuntimeError(f"request {rid} failed: {err}"))
+
+
+def _settle_future(fut: asyncio.Future, err: Exception | None) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)

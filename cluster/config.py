@@ -1,0 +1,96 @@
+"""Engine-wide configuration (pydantic), validated once at the edge."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from actors.tree import expansion_num_nodes, parse_expansion
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class SpeculativeConfig(BaseModel):
+    """What proposes draft tokens and how many.
+
+    ``method``: none | ngram | layerskip | draft. ``num_spec_tokens`` (K) is the chain length;
+    ``tree`` (an expansion config such as 1,1,3,1,1) replaces the chain with a token tree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["none", "ngram", "layerskip", "draft"] = "none"
+    num_spec_tokens: int = Field(5, ge=0, le=64)
+    tree: list[int] | None = None
+    layerskip_layers: int | None = Field(None, ge=1)
+    draft_model: str | None = None
+    ngram_min: int = Field(1, ge=1)
+    ngram_max: int = Field(4, ge=1)
+
+    @field_validator("tree", mode="before")
+    @classmethod
+    def _parse_tree(cls, v):
+        return None if v is None else parse_expansion(v)
+
+    @model_validator(mode="after")
+    def _check_method_args(self):
+        if self.method == "layerskip" and self.layerskip_layers is None:
+            raise ValueError("method 'layerskip' needs layerskip_layers (use --draft layerskip:N)")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model (a local path)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none" and self.max_nodes > 0
+
+    @property
+    def expansion(self) -> list[int]:
+        return list(self.tree) if self.tree is not None else [1] * self.num_spec_tokens
+
+    @property
+    def max_nodes(self) -> int:
+        return expansion_num_nodes(self.expansion) if self.expansion else 0
+
+    @classmethod
+    def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None) -> "SpeculativeConfig":
+        """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N`` or a draft model path/alias."""
+        draft = (draft or "none").strip()
+        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree)
+        if draft in ("none", "ngram"):
+            return cls(method=draft, **kw)
+        if draft.startswith("layerskip"):
+            _, _, n = draft.partition(":")
+            if not n.isdigit() or int(n) < 1:
+                raise ValueError(f"draft {draft!r}: expected layerskip:N with N a positive number of layers")
+            return cls(method="layerskip", layerskip_layers=int(n), **kw)
+        return cls(method="draft", draft_model=draft, **kw)
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_MODEL
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=16)
+    block_size: int = Field(16, ge=1, le=256)
+    num_kv_blocks: int | None = Field(None, ge=1, description="None = sized from kv_cache_gb")
+    kv_cache_gb: float = Field(1.0, gt=0)
+    max_model_len: int | None = Field(None, ge=16)
+    enable_prefix_caching: bool = True
+    num_threads: int | None = Field(None, ge=1)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line naming each bad field, its value and the rule it broke."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "value"
+        msg = e["msg"].removeprefix("Value error, ")
+        if "input" in e and e["type"] != "value_error":
+            parts.append(f"{loc}={e['input']!r}: {msg}")
+        else:
+            parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,274 @@
+"""The in-process engine: add_request / step / abort, one target forward per step.
+
+step(): schedule -> propose token trees -> one forward over every prefill chunk, decode token and
+tree node -> verify (greedy longest match or multi-step speculative sampling) -> move accepted
+K/V to logical positions, release the rest -> detokenize, check stops, emit deltas.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from actors.drafter import DraftRequest
+from actors.kv_allocator import KVBlockAllocator
+from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_sampling
+from actors.sampling_params import SamplingParams
+from actors.scheduler import BatchScheduler, ScheduledSeq
+from actors.sequence import Sequence, SeqStatus
+from actors.tree import TokenTree, expansion_num_nodes
+from actors.verifier import SeqChunk, Verifier
+from cluster.config import EngineConfig
+from cluster.outputs import Detokenizer, RequestOutput, make_output
+from cluster.prompts import PromptEncoder
+from cluster.proposers import build_proposer
+from cluster.runtime import kv_blocks_for, resolve_device_dtype
+
+log = logging.getLogger("specray.engine")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None):
+        from actors.model.loader import load_model
+
+        self.config = config
+        self.device, self.dtype = resolve_device_dtype(config.device, config.dtype)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        loaded = loaded or load_model(config.model, dtype=self.dtype, device=self.device)
+        if loaded.tokenizer is None:
+            raise ValueError(f"model {config.model!r} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+        self.loaded = loaded
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.prompts = PromptEncoder(loaded.tokenizer)
+        spec = config.speculative
+        num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
+        self.verifier = Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype)
+        self.allocator = KVBlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = BatchScheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens)
+        self.proposer = build_proposer(spec, self, draft_loaded) if spec.enabled else None
+        self.detok = Detokenizer(self.tokenizer)
+        self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
+        self.seqs: dict[str, Sequence] = {}
+        self.num_proposer_failures = 0
+
+    # ---- requests ---------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
+                    chat: bool = False) -> Sequence:
+        """prompt: text, chat messages (list of {role, content}) or token ids."""
+        params = params or SamplingParams()
+        if request_id in self.seqs:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        ids = self.prompts.encode(prompt, chat)
+        self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size)
+        seq = Sequence(request_id, ids, params)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return None
+        return self._finish_now(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule(self._spec_budget)
+        for seq in sched.preempted:
+            self._release_draft(seq)
+        if not sched.scheduled:
+            return []
+        trees = self._propose(sched.scheduled)
+        chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
+        try:
+            logits = self.verifier.forward_logits(chunks, rows)
+        except Exception as e:  # nothing lost: every scheduled request gets a clear error
+            log.exception("target forward failed")
+            return [self._finish_now(s.seq, "error", f"target forward failed: {e}") for s in sched.scheduled]
+        prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
+        self._apply(sched.scheduled, trees, spans, logits)
+        return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
+                if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
+
+    def _spec_budget(self, seq: Sequence) -> int:
+        return expansion_num_nodes(self._expansion_for(seq, None))
+
+    def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
+        if self.proposer is None:
+            return []
+        k = seq.params.spec_tokens
+        exp = [1] * k if k is not None else self.config.speculative.expansion
+        exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
+        while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
+            exp = exp[:-1]
+        return exp
+
+    def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, TokenTree]:
+        reqs = []
+        for s in scheduled:
+            exp = self._expansion_for(s.seq, s.num_spec) if s.is_decode and s.num_spec else []
+            if exp:
+                seq = s.seq
+                reqs.append(DraftRequest(seq.seq_id, seq.token_ids, exp, s.num_spec, seq.params,
+                                         seq.generator, self.allocator.block_table(seq.seq_id)))
+        trees: dict[int, TokenTree] = {}
+        if reqs:
+            try:
+                for r, t in zip(reqs, self.proposer.propose(reqs), strict=True):
+                    if t.tokens[0] == r.token_ids[-1] and t.size - 1 <= r.max_nodes:
+                        trees[r.seq_id] = t
+            except Exception:  # speculation failure degrades to plain decoding
+                self.num_proposer_failures += 1
+                log.exception("proposer %s failed; decoding this step without speculation",
+                              getattr(self.proposer, "name", "?"))
+        return trees
+
+    def _plan_forward(self, scheduled, trees):
+        """Per sequence: its chunk, and (first row, row count) of the logits it needs."""
+        chunks, rows, spans = [], [], []
+        n = 0
+        for s in scheduled:
+            seq, nc = s.seq, s.seq.num_computed
+            table = self.allocator.block_table(seq.seq_id)
+            if s.is_decode:
+                tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+                ids, pos = tree.tokens, tree.positions(nc)
+                mask = tree.ancestor_mask() if tree.size > 1 else None
+                need = list(range(n, n + tree.size))
+            else:
+                ids = seq.token_ids[nc: nc + s.num_query]
+                pos, mask = list(range(nc, nc + s.num_query)), None
+                need = [n + s.num_query - 1] if nc + s.num_query == seq.num_tokens else []
+            slots = self.allocator.slots(seq.seq_id, nc, nc + len(ids))
+            chunks.append(SeqChunk(ids, pos, slots, nc + len(ids), table, mask))
+            spans.append((len(rows), len(need)))
+            rows += need
+            n += len(ids)
+        return chunks, rows, spans
+
+    def _apply(self, scheduled, trees, spans, logits: torch.Tensor) -> None:
+        """logits: [M, V] rows of _plan_forward. Verify, move accepted K/V, append tokens."""
+        argmax = logits.argmax(dim=-1).tolist()
+        src, dst = [], []
+        for s, (r0, nrows) in zip(scheduled, spans):
+            seq = s.seq
+            if not s.is_decode:
+                seq.num_computed += s.num_query
+                if nrows:
+                    tok = argmax[r0] if seq.params.greedy else sample_next(logits[r0], seq.params, seq.generator)
+                    self._append(seq, [tok])
+                continue
+            tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+            res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax[r0:r0 + nrows])
+            nc = seq.num_computed
+            for depth, node in enumerate(res.accepted_nodes, start=1):
+                if node != depth:
+                    src.append(self.allocator.slot(seq.seq_id, nc + node))
+                    dst.append(self.allocator.slot(seq.seq_id, nc + depth))
+            seq.num_computed = nc + 1 + len(res.accepted_nodes)
+            seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
+            self._append(seq, res.accepted_tokens + [res.next_token])
+        self.verifier.copy_slots(src, dst)
+        for s in scheduled:
+            self._settle(s.seq)
+
+    def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int]):
+        """rows: [tree.size, V] target logits of the tree nodes."""
+        if seq.params.greedy:
+            return verify_greedy(tree, argmax)
+        p = seq.params
+        return verify_sampling(tree, logits_to_probs(rows, p.temperature, p.top_k, p.top_p), seq.generator)
+
+    # ---- tokens, stops, bookkeeping -----------------------------------------------------
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        for tok in tokens:
+            seq.token_ids.append(int(tok))
+            if seq.first_token_time is None:
+                seq.first_token_time = _now()
+            if int(tok) in self.eos_ids and not seq.params.ignore_eos:
+                return self._mark_finished(seq, "stop")
+            if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+                return self._mark_finished(seq, "length")
+
+    def _settle(self, seq: Sequence) -> None:
+        """After a step: finished sequences leave; others commit full blocks, release spare slots."""
+        if not seq.is_finished and seq.params.stop:
+            if self.detok.find_stop(seq, self.detok.text_of(seq)) is not None:
+                self._mark_finished(seq, "stop")
+        if seq.is_finished:
+            self.scheduler.remove(seq)
+            self._release_draft(seq)
+            return
+        committed = min(seq.num_computed, seq.num_tokens)
+        self.allocator.commit(seq.seq_id, seq.token_ids, committed)
+        reserved = self.allocator.num_tokens(seq.seq_id)
+        self.allocator.truncate(seq.seq_id, min(seq.num_tokens, reserved))
+
+    def _mark_finished(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.error = error
+        seq.finish_time = _now()
+
+    def _finish_now(self, seq: Sequence, reason: str, error: str | None = None) -> RequestOutput:
+        prev = seq.num_output_tokens
+        if not seq.is_finished:
+            self._mark_finished(seq, reason, error)
+            self.scheduler.remove(seq)
+            self._release_draft(seq)
+        return self._emit(seq, prev)
+
+    def _release_draft(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.release(seq.seq_id)
+
+    def _emit(self, seq: Sequence, prev_tokens: int) -> RequestOutput:
+        text = self.detok.text_of(seq)
+        if seq.is_finished and seq.finish_reason == "stop":
+            cut = self.detok.find_stop(seq, text)
+            text = text if cut is None else text[:cut]
+        out = make_output(seq, text, self.detok.streamable_len(seq, text), prev_tokens)
+        if seq.is_finished:
+            self.seqs.pop(seq.request_id, None)
+        return out
+
+    # ---- convenience --------------------------------------------------------------------
+    def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] | None = None,
+                 chat: bool = False, concurrency: int | None = None) -> list[RequestOutput]:
+        """Serve ``prompts`` as one continuous batch (at most ``concurrency`` in flight); results
+        in input order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [f"gen-{os.getpid()}-{id(self)}-{i}" for i in range(len(prompts))]
+        limit = concurrency or len(prompts)
+        final: dict[str, RequestOutput] = {}
+        nxt = 0
+        while len(final) < len(prompts):
+            while nxt < len(prompts) and nxt - len(final) < limit:
+                self.add_request(ids[nxt], prompts[nxt], plist[nxt], chat=chat)
+                nxt += 1
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+
+def _eos_ids(model_config, tokenizer) -> set[int]:
+    ids = set()
+    for v in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return ids
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()

@@ -1,0 +1,87 @@
+"""What the engine hands back per request and step: deltas for streaming, totals at the end."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from actors.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    text: str  # all output text so far (stop strings removed)
+    token_ids: list[int]  # all output token ids so far
+    delta_text: str
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None  # stop | length | abort | error
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_pos: list[int] = field(default_factory=list)
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("delta_text")
+        d.pop("delta_token_ids")
+        return d
+
+
+class Detokenizer:
+    """Incremental text with stop strings. Text is re-decoded from the output ids each step (cheap
+    at these lengths, and correct for multi-byte tokens); the tail that could still become a stop
+    string or is an incomplete UTF-8 character is held back until it is settled."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def text_of(self, seq: Sequence) -> str:
+        return self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+
+    def find_stop(self, seq: Sequence, text: str) -> int | None:
+        """Index where the earliest stop string starts in ``text``, or None."""
+        hits = [i for i in (text.find(s) for s in seq.params.stop if s) if i >= 0]
+        return min(hits) if hits else None
+
+    def streamable_len(self, seq: Sequence, text: str) -> int:
+        if seq.is_finished:
+            return len(text)
+        end = len(text)
+        while end > 0 and text[end - 1] == "\ufffd":
+            end -= 1  # an incomplete multi-byte character
+        hold = max((len(s) - 1 for s in seq.params.stop if s), default=0)
+        for k in range(min(hold, end), 0, -1):
+            if any(s.startswith(text[end - k:end]) for s in seq.params.stop if s):
+                return end - k
+        return end
+
+
+def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> RequestOutput:
+    now = time.perf_counter()
+    delta_text = text[seq.text_offset:stream_len]
+    seq.text_offset = max(seq.text_offset, stream_len)
+    out_ids = seq.output_ids
+    return RequestOutput(
+        request_id=seq.request_id,
+        text=text[:stream_len] if not seq.is_finished else text,
+        token_ids=out_ids,
+        delta_text=delta_text,
+        delta_token_ids=out_ids[prev_tokens:],
+        finished=seq.is_finished,
+        finish_reason=seq.finish_reason,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_output_tokens=len(out_ids),
+        num_drafts=seq.spec.num_drafts,
+        num_draft_tokens=seq.spec.num_draft_tokens,
+        num_accepted_tokens=seq.spec.num_accepted_tokens,
+        accepted_per_pos=list(seq.spec.accepted_per_pos),
+        ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+        e2e_s=(seq.finish_time or now) - seq.arrival_time if seq.is_finished else None,
+        error=seq.error,
+    )

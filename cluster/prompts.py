@@ -1,0 +1,41 @@
+"""Prompt encoding (text, chat messages or token ids) and the checks every prompt passes."""
+from __future__ import annotations
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        """prompt: str, list of {"role", "content"} messages (chat template), or list of token ids."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            return self.apply_chat_template(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        elif isinstance(prompt, str):
+            ids = (self.apply_chat_template([{"role": "user", "content": prompt}]) if chat
+                   else self.tokenizer.encode(prompt, add_special_tokens=False))
+        else:
+            raise ValueError(f"prompt must be a string, a list of chat messages or a list of token ids, "
+                             f"got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        return ids
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"messages[{i}] must be an object with 'role' and 'content', got {m!r}")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+        return list(ids)
+
+    def check_length(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
+        if len(ids) >= max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens but the model's context is {max_model_len} "
+                             f"tokens: the prompt must be at most {max_model_len - 1} tokens")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")

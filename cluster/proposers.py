@@ -1,0 +1,25 @@
+"""From a SpeculativeConfig to a proposer (pure wiring, no state of its own)."""
+from __future__ import annotations
+
+from actors.drafter import NgramProposer, Proposer
+from actors.model_drafter import DraftModelProposer, LayerSkipProposer
+from actors.verifier import Verifier
+from cluster.config import SpeculativeConfig
+from cluster.tokenizer_check import check_tokenizers_compatible
+
+
+def build_proposer(spec: SpeculativeConfig, engine, draft_loaded=None) -> Proposer:
+    """engine: the LLMEngine being built (its verifier, tokenizer and dtype are reused)."""
+    if spec.method == "ngram":
+        return NgramProposer(spec.ngram_min, spec.ngram_max)
+    if spec.method == "layerskip":
+        return LayerSkipProposer(engine.verifier, spec.layerskip_layers)
+    if spec.method == "draft":
+        from actors.model.loader import load_model
+
+        draft = draft_loaded or load_model(spec.draft_model, dtype=engine.dtype, device=engine.device)
+        check_tokenizers_compatible(engine.tokenizer, draft.tokenizer, engine.config.model, spec.draft_model)
+        runner = Verifier(draft.model, engine.verifier.num_blocks, engine.config.block_size,
+                          engine.device, engine.dtype)
+        return DraftModelProposer(runner)
+    raise ValueError(f"speculative method {spec.method!r} has no proposer")

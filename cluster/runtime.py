@@ -1,0 +1,40 @@
+"""Device, dtype and KV-pool sizing decisions, derived from config once."""
+from __future__ import annotations
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """auto: CUDA when present; fp32 on CPU, bf16 on GPU (ARCHITECTURE.md section 7)."""
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, _DTYPES[dtype]
+
+
+def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * elem
+
+
+def kv_blocks_for(config, model_config, dtype: torch.dtype, max_spec_nodes: int) -> tuple[int, int]:
+    """Number of KV blocks and the max model length. One sequence of max_model_len tokens plus its
+    draft slots always fits, so preemption can always make progress."""
+    bs = config.block_size
+    if config.num_kv_blocks is not None:
+        blocks = config.num_kv_blocks
+    else:
+        blocks = max(1, int(config.kv_cache_gb * 2**30) // kv_block_bytes(model_config, bs, dtype))
+    fits = blocks * bs - max_spec_nodes - bs
+    limit = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
+    if config.max_model_len is not None and config.max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context "
+                         f"{model_config.max_position_embeddings}")
+    if fits < 16:
+        raise ValueError(f"KV pool of {blocks} blocks x {bs} tokens is too small; raise num_kv_blocks/kv_cache_gb")
+    return blocks, min(limit, fits)

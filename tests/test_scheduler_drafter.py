@@ -1,0 +1,91 @@
+"""Scheduler policy (no model needed) and the n-gram proposer."""
+from __future__ import annotations
+
+import pytest
+
+from actors.drafter import DraftRequest, MergedProposer, NgramProposer
+from actors.kv_allocator import KVBlockAllocator
+from actors.sampling_params import SamplingParams
+from actors.scheduler import BatchScheduler
+from actors.sequence import Sequence
+
+
+def _seqs(n, length=10):
+    return [Sequence(f"r{i}", list(range(10 * i + 3, 10 * i + 3 + length)), SamplingParams()) for i in range(n)]
+
+
+def _finish_prefill(sched, spec=0):
+    """Pretend the model ran: computed tokens advance, a prefill that completes samples token 7."""
+    out = sched.schedule(lambda s: spec)
+    for s in out.scheduled:
+        s.seq.num_computed += s.num_query
+        if s.seq.num_computed == s.seq.num_tokens:
+            s.seq.token_ids.append(7)
+    return out
+
+
+def test_max_num_seqs_and_token_budget():
+    alloc = KVBlockAllocator(64, 4)
+    sched = BatchScheduler(alloc, max_num_seqs=2, max_num_batched_tokens=16)
+    for s in _seqs(4):
+        sched.add(s)
+    out = _finish_prefill(sched)
+    assert sched.num_running == 2 and sched.num_waiting == 2
+    assert out.num_tokens <= 16
+    assert [s.num_query for s in out.scheduled] == [10, 6]  # second prompt chunked to the budget
+
+
+def test_decode_gets_spec_slots_then_shrinks_when_blocks_run_out():
+    alloc = KVBlockAllocator(6, 4)  # 24 slots
+    sched = BatchScheduler(alloc, max_num_seqs=4, max_num_batched_tokens=64)
+    a, b = _seqs(2, length=8)
+    sched.add(a)
+    sched.add(b)
+    _finish_prefill(sched)  # each: 8 computed + 1 sampled = 9 tokens -> 3 blocks each, pool full
+    out = sched.schedule(lambda s: 5)
+    # a wants 8 + 1 + 5 = 14 slots (4 blocks): no room, so speculation is dropped, then b is preempted
+    assert out.preempted == [b]
+    assert [(s.seq, s.num_spec) for s in out.scheduled] == [(a, 5)]
+    assert b.num_computed == 0 and b.num_preemptions == 1 and sched.waiting[0] is b
+
+
+def test_abort_while_waiting_and_running_frees_blocks():
+    alloc = KVBlockAllocator(32, 4)
+    sched = BatchScheduler(alloc, max_num_seqs=1, max_num_batched_tokens=64)
+    a, b = _seqs(2)
+    sched.add(a)
+    sched.add(b)
+    _finish_prefill(sched)
+    sched.remove(b)  # waiting
+    sched.remove(a)  # running
+    assert not sched.has_unfinished() and alloc.num_free_blocks == 32
+
+
+def _req(tokens, expansion, max_nodes=None):
+    return DraftRequest(0, tokens, expansion, max_nodes or sum(expansion), SamplingParams(), None, [])
+
+
+def test_ngram_proposes_continuation_of_longest_match():
+    toks = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    tree = NgramProposer(1, 3).propose([_req(toks, [1, 1, 1])])[0]
+    assert tree.tokens == [3, 4, 5, 9] and tree.parents == [-1, 0, 1, 2]
+
+
+def test_ngram_width_gives_distinct_continuations_and_no_match_gives_root():
+    toks = [7, 1, 7, 2, 7, 3, 7]
+    tree = NgramProposer(1, 2).propose([_req(toks, [3, 1])])[0]
+    assert sorted(tree.tokens[i] for i in tree.children(0)) == [1, 2, 3]
+    empty = NgramProposer(2, 3).propose([_req([1, 2, 3, 4], [1, 1])])[0]
+    assert empty.size == 1 and empty.tokens == [4]
+
+
+def test_merged_proposer_respects_node_budget():
+    toks = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3]
+    merged = MergedProposer([NgramProposer(1, 3), NgramProposer(1, 1)])
+    tree = merged.propose([_req(toks, [2, 1, 1], max_nodes=4)])[0]
+    assert tree.size - 1 <= 4 and tree.tokens[0] == 3
+
+
+def test_ngram_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="n_min=3, n_max=2"):
+        NgramProposer(3, 2)

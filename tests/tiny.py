@@ -1,0 +1,64 @@
+"""Helpers for engine tests on tiny random models: a byte-level tokenizer and an engine factory."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+
+class ByteTokenizer:
+    """Vocabulary = 256 byte values (ids 0..255); id 2 doubles as EOS. Enough to exercise the
+    engine's text paths (decode, stop strings) on random-weight models that have no tokenizer."""
+
+    eos_token_id = 2
+    bos_token_id = 1
+    pad_token_id = None
+    unk_token_id = None
+    chat_template = None
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        keep = [i for i in ids if not (skip_special_tokens and i in (1, 2))]
+        return bytes(keep).decode("utf-8", errors="replace")
+
+
+@lru_cache(maxsize=None)
+def _load(model_dir: str):
+    from actors.model.loader import LoadedModel, load_model
+
+    lm = load_model(model_dir, dtype=torch.float32)
+    return LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(model_dir))
+
+
+def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
+                tree=None, **cfg):
+    """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model."""
+    from cluster.config import EngineConfig, SpeculativeConfig
+    from cluster.engine import LLMEngine
+
+    if draft == "draft":
+        spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_spec_tokens=k, tree=tree)
+    else:
+        spec = SpeculativeConfig.from_draft_arg(draft, k, tree)
+    cfg.setdefault("block_size", 4)
+    cfg.setdefault("num_kv_blocks", 256)
+    config = EngineConfig(model=str(model_dir), speculative=spec, num_threads=2, **cfg)
+    return LLMEngine(config, loaded=_load(str(model_dir)),
+                     draft_loaded=_load(str(draft_dir)) if draft == "draft" else None)
+
+
+def random_prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 40, vocab: int = 256) -> list[list[int]]:
+    """Token-id prompts with some repetition inside (so n-gram lookup has something to find)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi, (1,), generator=g))
+        base = torch.randint(3, vocab, (max(2, length // 2),), generator=g).tolist()
+        out.append((base * 3)[:length])
+    return out

@@ -1,0 +1,98 @@
+"""`specray generate`: JSON output fields, prompts files, and bad input -> one line, exit code 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+
+REPO = Path(__file__).parent.parent
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--spec-tokens", "-1", "--draft", "ngram"], "num_spec_tokens=-1"),
+    (["--tree", "1,0,2", "--draft", "ngram"], "'1,0,2'"),
+    (["--tree", "a,b", "--draft", "ngram"], "'a,b'"),
+    (["--temperature", "-0.5"], "temperature=-0.5"),
+    (["--top-p", "0"], "top_p=0.0"),
+    (["--top-p", "1.5"], "top_p=1.5"),
+    (["--max-tokens", "0"], "max_tokens=0"),
+    (["--draft", "layerskip:x"], "layerskip:x"),
+    (["--concurrency", "0"], "--concurrency 0"),
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run_cli(capsys, "generate", "hello", *argv)
+    assert code == 2
+    assert err.startswith("specray: error: ") and err.count("\n") == 1, err
+    assert needle in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_bad_prompts_file_names_the_line(capsys, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "ok"}\n{not json}\n')
+    code, _, err = run_cli(capsys, "generate", "--prompts-file", str(f))
+    assert code == 2 and f"{f}:2" in err
+    f.write_text('{"text": "no prompt field"}\n')
+    code, _, err = run_cli(capsys, "generate", "--prompts-file", str(f))
+    assert code == 2 and "'prompt' or a 'messages'" in err
+
+
+def test_console_script_exit_code_and_no_traceback():
+    exe = REPO / ".venv" / "bin" / "specray"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cluster.cli"]
+    proc = subprocess.run(cmd + ["generate", "x", "--temperature", "-1"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert "temperature=-1.0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.model
+def test_generate_json_fields_and_prompts_file(capsys, tmp_path, default_model):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 6}) + "\n"
+                 + json.dumps({"prompt": "The capital of France is"}) + "\n")
+    code, out, err = run_cli(capsys, "generate", "--prompts-file", str(f), "--chat", "--json", "--max-tokens", "9",
+                             "--draft", "ngram", "--concurrency", "1")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 2
+    for key in ("text", "token_ids", "finish_reason", "num_prompt_tokens", "num_output_tokens", "num_drafts",
+                "num_draft_tokens", "num_accepted_tokens", "ttft_s", "e2e_s"):
+        assert key in rows[0] and key in rows[1]
+    assert rows[0]["num_output_tokens"] <= 6 and rows[1]["num_output_tokens"] <= 9
+    assert rows[1]["num_output_tokens"] == len(rows[1]["token_ids"]) > 0
+    assert rows[0]["e2e_s"] >= rows[0]["ttft_s"] > 0
+
+
+@pytest.mark.model
+def test_prompt_longer_than_context(capsys, default_model):
+    code, _, err = run_cli(capsys, "generate", "word " * 9000)
+    assert code == 2 and "context is" in err and "tokens" in err
+
+
+@pytest.mark.model
+def test_draft_with_other_tokenizer_is_rejected(capsys, tmp_path, tiny_model_dir, default_model):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    draft = tiny_model_dir("llama", seed=5)
+    vocab = {f"w{i}": i for i in range(256)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0").save_pretrained(draft)
+    code, _, err = run_cli(capsys, "generate", "hello", "--draft", str(draft))
+    assert code == 2 and "256" in err and "49152" in err

@@ -99,8 +99,9 @@ def _level_chunk(job: _Job, depth: int, bs: int) -> SeqChunk:
 class LayerSkipProposer(Proposer):
     name = "layerskip"
 
-    def __init__(self, verifier: Verifier, num_layers: int):
-        total = verifier.model.config.num_layers
+    def __init__(self, verifier, num_layers: int):
+        """verifier: the target's Verifier (or a TP shard group with the same interface)."""
+        total = verifier.num_layers
         if not 1 <= num_layers < total:
             raise ValueError(f"layerskip:{num_layers}: N must be between 1 and {total - 1} "
                              f"(the target has {total} layers)")

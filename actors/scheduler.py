@@ -1,12 +1,11 @@
 """Continuous batching: which sequences run this step, with how many tokens and draft slots.
 
-Policy per step (under a token budget and ``max_num_seqs``):
-1. running decode sequences first (oldest first): the root token plus the draft-node slots the
-   speculation policy asks for; when KV blocks run out, speculation for that sequence is dropped,
-   then the newest running sequence is preempted (recompute) until the step fits;
-2. running sequences still in (chunked) prefill continue;
-3. waiting sequences are admitted while the budget, ``max_num_seqs`` and free blocks allow.
-Never crashes for lack of memory: it schedules less.
+The scheduler owns sequence state (waiting / running queues). KV decisions go to a KV service in
+one batched call per step (``plan``) and come back in one (``settle``): in-process that is a
+``KVService``, on a cluster the replica's global allocator actor. The policy itself is
+``actors.kv_service.plan_step``: running sequences first (speculation shrinks, then the newest
+running sequence is preempted by recompute when blocks run out — never an out-of-memory crash),
+then waiting sequences under the token budget and ``max_num_seqs``.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from actors.kv_allocator import KVBlockAllocator
+from actors.kv_service import KVEntry, Settle
 from actors.sequence import Sequence, SeqStatus
 
 
@@ -23,10 +22,7 @@ class ScheduledSeq:
     seq: Sequence
     num_query: int  # tokens computed this step: a prefill chunk, or 1 (the root of the token tree)
     num_spec: int = 0  # draft-node slots reserved after the root (0 = plain decoding)
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_query == 1 and self.seq.num_uncomputed == 1
+    is_decode: bool = False  # the root of a token tree (vs a prefill chunk)
 
 
 @dataclass(slots=True)
@@ -40,12 +36,15 @@ class SchedulerOutput:
 
 
 class BatchScheduler:
-    def __init__(self, allocator: KVBlockAllocator, max_num_seqs: int, max_num_batched_tokens: int):
-        self.allocator = allocator
+    def __init__(self, kv, max_num_seqs: int, max_num_batched_tokens: int, block_size: int):
+        """kv: a KVService, or a client with the same ``plan``/``settle`` methods (Ray actor)."""
+        self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.block_tables: dict[int, list[int]] = {}  # of the sequences scheduled this step
         self.num_preemptions = 0
 
     # ---- queue management -------------------------------------------------------------
@@ -55,12 +54,15 @@ class BatchScheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Drop a sequence (finished, aborted or failed) and free its KV blocks."""
+        self._forget(seq)
+        self.kv.settle([Settle(seq.seq_id, free=True)])
+
+    def _forget(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if self.allocator.has_seq(seq.seq_id):
-            self.allocator.free(seq.seq_id)
+        self.block_tables.pop(seq.seq_id, None)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -75,64 +77,62 @@ class BatchScheduler:
 
     # ---- the step plan ------------------------------------------------------------------
     def schedule(self, spec_budget: Callable[[Sequence], int]) -> SchedulerOutput:
+        running = [KVEntry(s.seq_id, s.num_computed, s.num_tokens,
+                           spec_budget(s) if s.num_uncomputed == 1 else 0) for s in self.running]
+        room = max(0, self.max_num_seqs - len(self.running))
+        waiting = [KVEntry(s.seq_id, 0, s.num_tokens, 0, s.token_ids) for s in list(self.waiting)[:room]]
+        plan = self.kv.plan(running, waiting, self.max_num_seqs, self.max_num_batched_tokens)
+        by_id = {s.seq_id: s for s in self.running}
+        by_id.update((s.seq_id, s) for s in self.waiting)
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget, spec_budget)
-        self._schedule_waiting(out, budget)
+        for sid in plan.preempted:
+            seq = by_id[sid]
+            self.running.remove(seq)
+            seq.reset_for_recompute()
+            self.num_preemptions += 1
+            self.waiting.appendleft(seq)
+            out.preempted.append(seq)
+        for g in plan.granted:
+            seq = by_id[g.seq_id]
+            if seq.status is SeqStatus.WAITING:
+                self.waiting.remove(seq)
+                seq.num_computed = g.num_computed
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+            decode = seq.num_uncomputed == 1 and g.num_query == 1
+            out.scheduled.append(ScheduledSeq(seq, g.num_query, g.num_spec, decode))
+        self.block_tables = plan.block_tables
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, spec_budget) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.in_prefill:
-                want, spec = min(seq.num_uncomputed, budget), 0
+    def slot(self, seq: Sequence, position: int) -> int:
+        table, bs = self.block_tables[seq.seq_id], self.block_size
+        return table[position // bs] * bs + position % bs
+
+    def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        return [self.slot(seq, p) for p in range(start, end)]
+
+    def settle(self, seqs: list[Sequence]) -> None:
+        """After a step: finished sequences leave and free their blocks; the others commit their
+        computed positions and release spare draft slots. One KV call for the whole batch."""
+        ops = []
+        for seq in seqs:
+            if seq.is_finished:
+                self._forget(seq)
+                ops.append(Settle(seq.seq_id, free=True))
             else:
-                want, spec = 1, max(0, min(spec_budget(seq), budget - 1))
-            fitted = self._reserve(seq, want, spec, out)
-            if fitted is None:  # seq itself was preempted
-                continue
-            out.scheduled.append(ScheduledSeq(seq, want, fitted))
-            budget -= want + fitted
-            i += 1
-        return budget
+                ops.append(Settle(seq.seq_id, token_ids=seq.token_ids,
+                                  num_committed=min(seq.num_computed, seq.num_tokens), num_tokens=seq.num_tokens))
+        if ops:
+            self.kv.settle(ops)
 
-    def _reserve(self, seq: Sequence, want: int, spec: int, out: SchedulerOutput) -> int | None:
-        """Reserve KV slots for ``want`` tokens + ``spec`` draft nodes; shrink speculation, then
-        preempt the newest running sequences. Returns the spec slots granted, None if ``seq``
-        itself had to be preempted."""
-        alloc = self.allocator
-        while True:
-            for s in (spec, 0) if spec else (0,):
-                need = max(seq.num_computed + want + s, alloc.num_tokens(seq.seq_id))
-                if alloc.can_append(seq.seq_id, need):
-                    alloc.append(seq.seq_id, need)
-                    return s
-            victim = self.running[-1]
-            self._preempt(victim, out)
-            if victim is seq:
-                return None
-
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self.running.remove(seq)
-        self.allocator.free(seq.seq_id)
-        seq.reset_for_recompute()
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
-        out.preempted.append(seq)
-
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        alloc = self.allocator
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if out.preempted and seq in out.preempted:
-                break  # do not re-admit in the same step what was just preempted
-            if not alloc.can_allocate(seq.token_ids):
-                break
-            self.waiting.popleft()
-            seq.num_computed = alloc.allocate(seq.seq_id, seq.token_ids)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            want = min(seq.num_uncomputed, budget)
-            out.scheduled.append(ScheduledSeq(seq, want, 0))
-            budget -= want
+    def requeue_all(self) -> list[Sequence]:
+        """The KV cache was lost (verifier restart): every running sequence goes back to waiting
+        and recomputes from its committed tokens (nothing lost, nothing duplicated)."""
+        moved = list(self.running)
+        for seq in reversed(moved):
+            self.running.remove(seq)
+            seq.reset_for_recompute()
+            self.waiting.appendleft(seq)
+        self.block_tables = {}
+        self.kv.reset()
+        return moved

@@ -59,6 +59,7 @@ class Verifier:
                  device: torch.device, dtype: torch.dtype):
         cfg = model.config
         self.model = model
+        self.num_layers = cfg.num_layers
         self.block_size = block_size
         self.device = device
         self.num_blocks = num_blocks

@@ -12,7 +12,7 @@ import os
 import torch
 
 from actors.drafter import DraftRequest
-from actors.kv_allocator import KVBlockAllocator
+from actors.kv_service import KVService
 from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_sampling
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
@@ -29,7 +29,10 @@ log = logging.getLogger("specray.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None):
+    def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None):
+        """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
+        Verifier's interface (e.g. a Ray tensor-parallel shard group), else a local Verifier;
+        kv: a KV service client (e.g. the replica's allocator actor), else a local KVService."""
         from actors.model.loader import load_model
 
         self.config = config
@@ -45,14 +48,23 @@ class LLMEngine:
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
-        self.verifier = Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype)
-        self.allocator = KVBlockAllocator(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = BatchScheduler(self.allocator, config.max_num_seqs, config.max_num_batched_tokens)
+        self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype)
+        if self.verifier.num_blocks != num_blocks or self.verifier.block_size != config.block_size:
+            raise ValueError(f"verifier KV cache ({self.verifier.num_blocks} blocks of {self.verifier.block_size}) "
+                             f"does not match the engine's ({num_blocks} of {config.block_size})")
+        self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                        config.block_size)
         self.proposer = build_proposer(spec, self, draft_loaded) if spec.enabled else None
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
         self.num_proposer_failures = 0
+
+    @property
+    def allocator(self):
+        """The local KVBlockAllocator when the KV service is in-process (tests, figures)."""
+        return getattr(self.kv, "allocator", None)
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
@@ -116,7 +128,7 @@ class LLMEngine:
             if exp:
                 seq = s.seq
                 reqs.append(DraftRequest(seq.seq_id, seq.token_ids, exp, s.num_spec, seq.params,
-                                         seq.generator, self.allocator.block_table(seq.seq_id)))
+                                         seq.generator, self.scheduler.block_tables[seq.seq_id]))
         trees: dict[int, TokenTree] = {}
         if reqs:
             try:
@@ -135,7 +147,7 @@ class LLMEngine:
         n = 0
         for s in scheduled:
             seq, nc = s.seq, s.seq.num_computed
-            table = self.allocator.block_table(seq.seq_id)
+            table = self.scheduler.block_tables[seq.seq_id]
             if s.is_decode:
                 tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
                 ids, pos = tree.tokens, tree.positions(nc)
@@ -145,7 +157,7 @@ class LLMEngine:
                 ids = seq.token_ids[nc: nc + s.num_query]
                 pos, mask = list(range(nc, nc + s.num_query)), None
                 need = [n + s.num_query - 1] if nc + s.num_query == seq.num_tokens else []
-            slots = self.allocator.slots(seq.seq_id, nc, nc + len(ids))
+            slots = self.scheduler.slots(seq, nc, nc + len(ids))
             chunks.append(SeqChunk(ids, pos, slots, nc + len(ids), table, mask))
             spans.append((len(rows), len(need)))
             rows += need
@@ -169,14 +181,17 @@ class LLMEngine:
             nc = seq.num_computed
             for depth, node in enumerate(res.accepted_nodes, start=1):
                 if node != depth:
-                    src.append(self.allocator.slot(seq.seq_id, nc + node))
-                    dst.append(self.allocator.slot(seq.seq_id, nc + depth))
+                    src.append(self.scheduler.slot(seq, nc + node))
+                    dst.append(self.scheduler.slot(seq, nc + depth))
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
             self._append(seq, res.accepted_tokens + [res.next_token])
         self.verifier.copy_slots(src, dst)
         for s in scheduled:
-            self._settle(s.seq)
+            self._check_stop_strings(s.seq)
+            if s.seq.is_finished:
+                self._release_draft(s.seq)
+        self.scheduler.settle([s.seq for s in scheduled])
 
     def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int]):
         """rows: [tree.size, V] target logits of the tree nodes."""
@@ -196,19 +211,10 @@ class LLMEngine:
             if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 return self._mark_finished(seq, "length")
 
-    def _settle(self, seq: Sequence) -> None:
-        """After a step: finished sequences leave; others commit full blocks, release spare slots."""
+    def _check_stop_strings(self, seq: Sequence) -> None:
         if not seq.is_finished and seq.params.stop:
             if self.detok.find_stop(seq, self.detok.text_of(seq)) is not None:
                 self._mark_finished(seq, "stop")
-        if seq.is_finished:
-            self.scheduler.remove(seq)
-            self._release_draft(seq)
-            return
-        committed = min(seq.num_computed, seq.num_tokens)
-        self.allocator.commit(seq.seq_id, seq.token_ids, committed)
-        reserved = self.allocator.num_tokens(seq.seq_id)
-        self.allocator.truncate(seq.seq_id, min(seq.num_tokens, reserved))
 
     def _mark_finished(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         seq.status = SeqStatus.FINISHED

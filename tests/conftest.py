@@ -83,3 +83,20 @@ def tiny_model_dir(tmp_path_factory) -> Callable[..., Path]:
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance for this test session (logical CPUs above the 2 real cores so that
+    fractional-CPU actors schedule), stopped at the end. Only what this fixture started is stopped."""
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20,
+             namespace="specray-tests", runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from actors.drafter import DraftRequest, MergedProposer, NgramProposer
-from actors.kv_allocator import KVBlockAllocator
+from actors.kv_service import KVService
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler
 from actors.sequence import Sequence
@@ -25,8 +25,7 @@ def _finish_prefill(sched, spec=0):
 
 
 def test_max_num_seqs_and_token_budget():
-    alloc = KVBlockAllocator(64, 4)
-    sched = BatchScheduler(alloc, max_num_seqs=2, max_num_batched_tokens=16)
+    sched = BatchScheduler(KVService(64, 4), max_num_seqs=2, max_num_batched_tokens=16, block_size=4)
     for s in _seqs(4):
         sched.add(s)
     out = _finish_prefill(sched)
@@ -36,8 +35,7 @@ def test_max_num_seqs_and_token_budget():
 
 
 def test_decode_gets_spec_slots_then_shrinks_when_blocks_run_out():
-    alloc = KVBlockAllocator(6, 4)  # 24 slots
-    sched = BatchScheduler(alloc, max_num_seqs=4, max_num_batched_tokens=64)
+    sched = BatchScheduler(KVService(6, 4), max_num_seqs=4, max_num_batched_tokens=64, block_size=4)  # 24 slots
     a, b = _seqs(2, length=8)
     sched.add(a)
     sched.add(b)
@@ -50,15 +48,15 @@ def test_decode_gets_spec_slots_then_shrinks_when_blocks_run_out():
 
 
 def test_abort_while_waiting_and_running_frees_blocks():
-    alloc = KVBlockAllocator(32, 4)
-    sched = BatchScheduler(alloc, max_num_seqs=1, max_num_batched_tokens=64)
+    kv = KVService(32, 4)
+    sched = BatchScheduler(kv, max_num_seqs=1, max_num_batched_tokens=64, block_size=4)
     a, b = _seqs(2)
     sched.add(a)
     sched.add(b)
     _finish_prefill(sched)
     sched.remove(b)  # waiting
     sched.remove(a)  # running
-    assert not sched.has_unfinished() and alloc.num_free_blocks == 32
+    assert not sched.has_unfinished() and kv.allocator.num_free_blocks == 32
 
 
 def _req(tokens, expansion, max_nodes=None):
@@ -89,3 +87,35 @@ def test_merged_proposer_respects_node_budget():
 def test_ngram_rejects_bad_sizes():
     with pytest.raises(ValueError, match="n_min=3, n_max=2"):
         NgramProposer(3, 2)
+
+
+class _CountingKV:
+    """Wraps a KVService and counts calls: the scheduler must batch one plan + one settle per step."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def wrapped(*a, **k):
+            self.calls.append(name)
+            return fn(*a, **k)
+        return wrapped
+
+
+def test_engine_makes_one_kv_call_each_way_per_step(tiny_model_dir):
+    from tests.tiny import random_prompts, tiny_engine
+
+    kv = _CountingKV(KVService(256, 4))
+    eng = tiny_engine(tiny_model_dir("llama", seed=0, tie_word_embeddings=False), draft="ngram", k=3)
+    eng.kv = eng.scheduler.kv = kv
+    for i, p in enumerate(random_prompts(6, seed=5)):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
+    steps = 0
+    while eng.has_unfinished():
+        kv.calls.clear()
+        eng.step()
+        steps += 1
+        assert kv.calls == ["plan", "settle"], kv.calls
+    assert steps > 1 and kv.inner.allocator.num_free_blocks == 256

@@ -29,10 +29,12 @@ log = logging.getLogger("specray.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None):
+    def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None,
+                 proposer=None):
         """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
         Verifier's interface (e.g. a Ray tensor-parallel shard group), else a local Verifier;
-        kv: a KV service client (e.g. the replica's allocator actor), else a local KVService."""
+        kv: a KV service client (e.g. the replica's allocator actor), else a local KVService;
+        proposer: e.g. drafter worker actors, else built from config.speculative."""
         from actors.model.loader import load_model
 
         self.config = config
@@ -55,11 +57,13 @@ class LLMEngine:
         self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
-        self.proposer = build_proposer(spec, self, draft_loaded) if spec.enabled else None
+        self.proposer = proposer or (build_proposer(spec, self, draft_loaded) if spec.enabled else None)
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
         self.num_proposer_failures = 0
+        self.num_verifier_restarts = 0
+        self.max_verifier_restarts = 3
 
     @property
     def allocator(self):
@@ -100,13 +104,31 @@ class LLMEngine:
         chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
         try:
             logits = self.verifier.forward_logits(chunks, rows)
-        except Exception as e:  # nothing lost: every scheduled request gets a clear error
+        except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
             log.exception("target forward failed")
+            if self._restart_verifier():
+                return []
             return [self._finish_now(s.seq, "error", f"target forward failed: {e}") for s in sched.scheduled]
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
         self._apply(sched.scheduled, trees, spans, logits)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
+
+    def _restart_verifier(self) -> bool:
+        """A restartable verifier (a TP shard group) lost a rank: restart the whole group and
+        re-queue every running request from its last committed token (its KV is gone)."""
+        restart = getattr(self.verifier, "restart", None)
+        if restart is None or self.num_verifier_restarts >= self.max_verifier_restarts:
+            return False
+        self.num_verifier_restarts += 1
+        try:
+            restart()
+        except Exception:
+            log.exception("verifier restart failed")
+            return False
+        for seq in self.scheduler.requeue_all():
+            self._release_draft(seq)
+        return True
 
     def _spec_budget(self, seq: Sequence) -> int:
         return expansion_num_nodes(self._expansion_for(seq, None))

@@ -180,3 +180,45 @@ def test_bad_requests_change_no_state(target_dir):
     with pytest.raises(ValueError, match="already in use"):
         eng.add_request("d", [5, 6, 7])
     assert eng.scheduler.num_waiting == 1 and set(eng.seqs) == {"d"}
+
+
+class _FlakyVerifier:
+    """Fails one forward mid-generation; restart() scrambles the KV cache (a new TP group has
+    none of the old K/V), so the re-queued requests must really recompute."""
+
+    def __init__(self, inner, fail_at: int):
+        self.inner, self.fail_at, self.calls, self.restarts = inner, fail_at, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward_logits(self, *a, **k):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("rank 1 died")
+        return self.inner.forward_logits(*a, **k)
+
+    def restart(self):
+        self.restarts += 1
+        for k, v in self.inner.kv_caches:
+            k.normal_()
+            v.normal_()
+
+
+@pytest.mark.parametrize("draft", ["none", "layerskip:1"])
+def test_verifier_failure_restarts_and_requeues_without_loss(draft, target_dir, prompts, baseline):
+    eng = tiny_engine(target_dir, draft=draft, k=3)
+    flaky = _FlakyVerifier(eng.verifier, fail_at=9)
+    eng.verifier = flaky
+    if draft != "none":
+        eng.proposer.verifier = flaky
+    streamed: dict[str, list[int]] = {}
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params)
+    while eng.has_unfinished():
+        for o in eng.step():
+            streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
+    assert flaky.restarts == 1 and eng.num_verifier_restarts == 1
+    assert [streamed[f"r{i}"] for i in range(len(prompts))] == baseline  # nothing lost or duplicated
+    _assert_no_leak(eng)

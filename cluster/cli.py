@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts-file", default=None, help="JSONL with `prompt` or `messages`, optional `max_tokens`")
     g.add_argument("--concurrency", type=int, default=None, help="at most C prompts in flight (default all)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    g.add_argument("--ray", action="store_true", help="run through Ray actors (local instance, or RAY_ADDRESS)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel verifier shards (with --ray)")
+    g.add_argument("--drafters", type=int, default=0, help="drafter worker actors (with --ray)")
+    g.add_argument("--allow-no-spec", action="store_true", help="serve without speculation if the drafter fails to load")
     from benchmarks.runner import add_bench_parser
 
     add_bench_parser(sub)
@@ -111,13 +115,8 @@ def cmd_generate(args) -> int:
               for it in items]
     prompts = [it.get("messages") or it["prompt"] for it in items]
 
-    from cluster.engine import LLMEngine
-
-    engine = LLMEngine(engine_cfg)
-    for p in prompts:  # every prompt is checked before any is served
-        engine.prompts.check_length(engine.prompts.encode(p, args.chat), engine.max_model_len,
-                                    engine.model_config.vocab_size)
-    outs = engine.generate(prompts, params, chat=args.chat, concurrency=args.concurrency)
+    outs = _generate_ray(args, engine_cfg, prompts, params) if args.ray else \
+        _generate_local(args, engine_cfg, prompts, params)
     for out in outs:
         if args.json:
             d = out.to_dict()
@@ -126,6 +125,44 @@ def cmd_generate(args) -> int:
         else:
             print(out.text, flush=True)
     return 0
+
+
+def _generate_local(args, engine_cfg, prompts, params):
+    from cluster.engine import LLMEngine
+
+    engine = LLMEngine(engine_cfg)
+    for p in prompts:  # every prompt is checked before any is served
+        engine.prompts.check_length(engine.prompts.encode(p, args.chat), engine.max_model_len,
+                                    engine.model_config.vocab_size)
+    return engine.generate(prompts, params, chat=args.chat, concurrency=args.concurrency)
+
+
+def _generate_ray(args, engine_cfg, prompts, params):
+    import ray
+
+    from cluster.prompts import PromptEncoder
+    from cluster.replica import RayOptions, RayReplicaClient, connect_or_start_ray, load_model_meta
+    from cluster.topology import validate_tp
+
+    for name in ("tp", "drafters"):
+        if getattr(args, name) < (1 if name == "tp" else 0):
+            raise BadInput(f"--{name} {getattr(args, name)}: must be at least {1 if name == 'tp' else 0}")
+    meta = load_model_meta(engine_cfg.model)
+    validate_tp(meta.config, args.tp, engine_cfg.model)
+    enc = PromptEncoder(meta.tokenizer)
+    for p in prompts:  # every prompt is checked before any actor starts
+        enc.check_length(enc.encode(p, args.chat), meta.config.max_position_embeddings, meta.config.vocab_size)
+    started = connect_or_start_ray()
+    try:
+        client = RayReplicaClient(engine_cfg, RayOptions(tp=args.tp, drafters=args.drafters,
+                                                         allow_no_spec=args.allow_no_spec))
+        try:
+            return client.generate_all(prompts, params, args.chat, args.concurrency)
+        finally:
+            client.shutdown()
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

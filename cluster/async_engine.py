@@ -71,6 +71,7 @@ class AsyncLLMEngine:
             if not self._drain_commands():
                 return
             if not self.engine.has_unfinished():
+                self._idle()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
@@ -82,6 +83,12 @@ class AsyncLLMEngine:
                 continue
             for out in outs:
                 self._deliver(out.request_id, out)
+
+    def _idle(self) -> None:
+        try:
+            self.engine.on_idle()
+        except Exception:
+            log.exception("on_idle failed")
 
     def _drain_commands(self) -> bool:
         while True:

@@ -93,6 +93,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def on_idle(self) -> None:
+        """Nothing left to run: let a remote proposer release what finished sequences hold."""
+        flush = getattr(self.proposer, "flush", None)
+        if flush is not None:
+            flush()
+
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule(self._spec_budget)
@@ -157,10 +163,10 @@ class LLMEngine:
                 for r, t in zip(reqs, self.proposer.propose(reqs), strict=True):
                     if t.tokens[0] == r.token_ids[-1] and t.size - 1 <= r.max_nodes:
                         trees[r.seq_id] = t
-            except Exception:  # speculation failure degrades to plain decoding
+            except Exception as e:  # speculation failure degrades to plain decoding
                 self.num_proposer_failures += 1
-                log.exception("proposer %s failed; decoding this step without speculation",
-                              getattr(self.proposer, "name", "?"))
+                log.warning("proposer %s failed (%s); decoding this step without speculation",
+                            getattr(self.proposer, "name", "?"), e, exc_info=self.num_proposer_failures == 1)
         return trees
 
     def _plan_forward(self, scheduled, trees):
@@ -283,6 +289,7 @@ class LLMEngine:
             for out in self.step():
                 if out.finished:
                     final[out.request_id] = out
+        self.on_idle()
         return [final[i] for i in ids]
 
 

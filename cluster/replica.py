@@ -17,7 +17,7 @@ import ray
 
 from actors.kv_service import KVEntry, KVPlan, KVService, Settle
 from actors.sampling_params import SamplingParams
-from cluster.config import EngineConfig
+from cluster.config import EngineConfig, SpeculativeConfig
 
 log = logging.getLogger("specray.replica")
 
@@ -70,12 +70,17 @@ class SchedulerActor:
 
         meta = load_model_meta(config.model)
         verifier = build_verifier_group(config, meta, opts)
-        kv = RemoteKV(build_kv_actor(verifier.num_blocks, config, opts))
-        config = config.model_copy(update={"num_kv_blocks": verifier.num_blocks})
-        engine = LLMEngine(config, loaded=meta, verifier=verifier, kv=kv,
-                           proposer=build_proposer_for(config, verifier, meta, opts))
-        self.engine = engine
-        self.async_engine = AsyncLLMEngine(engine)
+        try:
+            kv = RemoteKV(build_kv_actor(verifier.num_blocks, config, opts))
+            config = config.model_copy(update={"num_kv_blocks": verifier.num_blocks})
+            proposer = build_proposer_for(config, verifier, meta, opts)
+            if proposer is None:  # speculation off (or its drafter failed with allow_no_spec)
+                config = config.model_copy(update={"speculative": SpeculativeConfig()})
+            self.engine = LLMEngine(config, loaded=meta, verifier=verifier, kv=kv, proposer=proposer)
+        except BaseException:  # a replica that fails to start leaves no actors or bundles behind
+            _shutdown_verifier(verifier)
+            raise
+        self.async_engine = AsyncLLMEngine(self.engine)
 
     async def generate(self, prompt, params: dict | None = None, chat: bool = False, request_id: str | None = None):
         """Streams RequestOutput deltas (a Ray streaming generator for the caller)."""
@@ -101,15 +106,19 @@ class SchedulerActor:
         return list(self.engine.verifier.actors)
 
     def shutdown(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         self.async_engine.shutdown()
-        for part in (self.engine.verifier, self.engine.proposer):
-            if part is not None and hasattr(part, "shutdown"):
-                part.shutdown()
-        pg = getattr(self.engine.verifier, "replica_placement_group", None)
-        if pg is not None:
-            remove_placement_group(pg)
+        if self.engine.proposer is not None and hasattr(self.engine.proposer, "shutdown"):
+            self.engine.proposer.shutdown()
+        _shutdown_verifier(self.engine.verifier)
+
+
+def _shutdown_verifier(verifier) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    verifier.shutdown()
+    pg = getattr(verifier, "replica_placement_group", None)
+    if pg is not None:
+        remove_placement_group(pg)
 
 
 class ReplicaLostError(RuntimeError):

@@ -96,3 +96,32 @@ def test_cli_ray_rejects_tp_that_does_not_divide_kv_heads(capsys):
     assert code == 2
     assert "tp=2 does not divide num_kv_heads=3" in err and "use tp in [1, 3]" in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_dead_scheduler_gives_callers_a_clear_error(ray_cluster):
+    client = RayReplicaClient(_config(), RayOptions(tp=1))
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def run():
+        async for out in client.stream(PROMPTS[0], params, True, "victim"):
+            if len(out.token_ids) >= 2:
+                ray_cluster.kill(client.actor, no_restart=False)  # Ray restarts it; the request is lost
+
+    try:
+        with pytest.raises(Exception) as info:
+            asyncio.run(asyncio.wait_for(run(), timeout=120))
+        assert "scheduler of this replica died" in str(info.value)
+    finally:
+        ray_cluster.kill(client.actor)
+
+
+def test_drafter_that_fails_to_load(ray_cluster, tmp_path):
+    bogus = str(tmp_path / "no-such-draft")
+    with pytest.raises(ValueError, match="no-such-draft"):
+        RayReplicaClient(_config(bogus), RayOptions(tp=1, drafters=1))
+    client = RayReplicaClient(_config(bogus), RayOptions(tp=1, drafters=1, allow_no_spec=True))
+    try:
+        outs = client.generate_all(PROMPTS[:1], [SamplingParams(max_tokens=4)], True, None)
+        assert outs[0].finished and outs[0].num_draft_tokens == 0
+    finally:
+        client.shutdown()

@@ -239,3 +239,23 @@ def test_tp3_default_model_is_token_identical_to_tp1(default_model, default_grou
         assert [o.token_ids for o in outs] == want, draft
     full = default_model.model.param_bytes()
     assert all(0.3 <= b / full <= 0.4 for b in default_group.param_bytes())  # ~1/3 per rank
+
+
+def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_dir, tiny_model_dir, prompts,
+                                                          tiny_baseline):
+    """TP=2 verification + two drafter actors (n-gram and a draft model) whose trees are merged."""
+    from actors.drafter_worker import DrafterSpec
+    from cluster.remote_proposer import RemoteProposer
+
+    draft_dir = tiny_model_dir("llama", seed=1, num_hidden_layers=1, tie_word_embeddings=False)
+    rp = RemoteProposer([DrafterSpec("ngram", block_size=TINY_BS),
+                         DrafterSpec("draft", draft_model=str(draft_dir), block_size=TINY_BS)])
+    try:
+        config = EngineConfig(model=str(tiny_dir), speculative=SpeculativeConfig(method="ngram", num_spec_tokens=4),
+                              num_threads=1, block_size=TINY_BS, num_kv_blocks=TINY_BLOCKS)
+        eng = LLMEngine(config, loaded=_load(str(tiny_dir)), verifier=tiny_group, proposer=rp)
+        outs = eng.generate(prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
+        assert [o.token_ids for o in outs] == tiny_baseline
+        assert sum(o.num_draft_tokens for o in outs) > 0 and eng.num_proposer_failures == 0
+    finally:
+        rp.shutdown()

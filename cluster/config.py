@@ -81,6 +81,9 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     num_threads: int | None = Field(None, ge=1)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    # >1: split each step into micro-batches so drafter workers draft one while the target verifies
+    # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.
+    draft_overlap_micro_batches: int = Field(1, ge=1, le=8)
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -64,6 +64,11 @@ class LLMEngine:
         self.num_proposer_failures = 0
         self.num_verifier_restarts = 0
         self.max_verifier_restarts = 3
+        self._overlap = None
+        if config.draft_overlap_micro_batches > 1 and self.proposer is not None:
+            from cluster.overlap import OverlapStepper
+
+            self._overlap = OverlapStepper(self, config.draft_overlap_micro_batches)
 
     @property
     def allocator(self):
@@ -101,6 +106,8 @@ class LLMEngine:
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self._overlap is not None:  # drafts of one micro-batch overlap verification of another
+            return self._overlap.step()
         sched = self.scheduler.schedule(self._spec_budget)
         for seq in sched.preempted:
             self._release_draft(seq)

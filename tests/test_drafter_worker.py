@@ -173,6 +173,14 @@ def test_overlapped_micro_batches_are_lossless(merged, target_dir, prompts, base
     assert max(len(t.micro) for t in stepper.timings) == 2
     assert all(m.draft_compute_s >= 0 and m.verify_s > 0 for t in stepper.timings for m in t.micro)
     _assert_workers_clean(merged)
+    # the same through the engine's own config knob and step()
+    from cluster.engine import LLMEngine
+
+    knob = eng.config.model_copy(update={"draft_overlap_micro_batches": 2})
+    eng2 = LLMEngine(knob, loaded=eng.loaded, proposer=merged)
+    assert _ids(eng2.generate(prompts, GREEDY)) == baseline
+    assert max(len(t.micro) for t in eng2._overlap.timings) == 2
+    _assert_workers_clean(merged)
 
 
 @pytest.mark.ray

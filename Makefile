@@ -22,7 +22,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 serve: $(STAMP)
-	$(BIN)/specray serve
+	@echo "make serve: the HTTP endpoint is issue 4 and not built yet. Meanwhile:"
+	@echo "  $(BIN)/specray generate --chat 'Hello'            (in-process)"
+	@echo "  $(BIN)/specray generate --ray --chat 'Hello'      (through Ray actors)"
+	@exit 2
 
 clean:
 	rm -rf $(VENV)

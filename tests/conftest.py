@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
+from hypothesis import settings
+
+# CI runs the same examples every time (a red build is reproducible); local runs keep exploring.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

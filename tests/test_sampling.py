@@ -94,7 +94,8 @@ def test_top_p_prefix_shortcut_matches_full_sort(monkeypatch, prefix):
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.floats(-4, 4), min_size=2, max_size=12),
+    # no subnormals: 5e-324 / temperature underflows to 0 and turns distinct logits into a tie
+    st.lists(st.floats(-4, 4, allow_subnormal=False), min_size=2, max_size=12),
     st.floats(0.05, 4.0),
     st.integers(0, 14),
     st.floats(0.01, 1.0),

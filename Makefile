@@ -22,10 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 serve: $(STAMP)
-	@echo "make serve: the HTTP endpoint is issue 4 and not built yet. Meanwhile:"
-	@echo "  $(BIN)/specray generate --chat 'Hello'            (in-process)"
-	@echo "  $(BIN)/specray generate --ray --chat 'Hello'      (through Ray actors)"
-	@exit 2
+	$(BIN)/specray serve --draft ngram
 
 clean:
 	rm -rf $(VENV)

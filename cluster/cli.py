@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.runner import add_bench_parser
 
     add_bench_parser(sub)
+    from cluster.serve_cli import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -172,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from benchmarks.runner import cmd_bench
+        from cluster.serve_cli import cmd_serve
 
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
     except ValidationError as e:
         from cluster.config import format_validation_error
 

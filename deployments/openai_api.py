@@ -1,0 +1,206 @@
+"""OpenAI-compatible request models, response builders and the error body.
+
+Requests are pydantic models with unknown fields forbidden (a typo such as ``max_token`` is an
+error, not silently ignored). Value ranges are checked when a request becomes ``SamplingParams``
+(``to_sampling_params``), so a bad value is answered 400 with the field and value named; schema
+errors (wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error body.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from actors.sampling_params import SamplingParams
+from cluster.outputs import RequestOutput
+
+
+class APIError(Exception):
+    """An error answered with the OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type_ or _ERROR_TYPES.get(status, "invalid_request_error")
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                500: "internal_server_error", 503: "service_unavailable_error"}
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# ---- requests ------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+    name: str | None = None
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # extension
+    spec_tokens: int | None = None  # extension: None = engine policy, 0 = no speculation, K = chain length
+    logprobs: bool | int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def check_supported(self, max_model_len: int) -> None:
+        if self.n != 1:
+            raise APIError(400, f"n={self.n}: only n=1 is supported", param="n")
+        if self.logprobs not in (None, False, 0):
+            raise APIError(400, f"logprobs={self.logprobs!r}: logprobs are not supported yet", param="logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise APIError(400, f"{name}={getattr(self, name)}: only 0 is supported", param=name)
+        if self.requested_max_tokens is not None and self.requested_max_tokens > max_model_len:
+            raise APIError(400, f"max_tokens={self.requested_max_tokens} exceeds the model's context of {max_model_len} "
+                                f"tokens", param="max_tokens")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+    def to_sampling_params(self) -> SamplingParams:
+        fields = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed",
+                                               "stop", "ignore_eos", "spec_tokens")
+                  if getattr(self, k) is not None}
+        if self.requested_max_tokens is not None:
+            fields["max_tokens"] = self.requested_max_tokens
+        try:
+            return SamplingParams(**fields)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else None
+            raise APIError(400, validation_message(e), param=field) from None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+
+    def engine_prompt(self):
+        p = self.prompt
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise APIError(400, f"prompt: a list of {len(p)} prompts; only one prompt per request is "
+                                    f"supported", param="prompt")
+            p = p[0]
+        if self.echo:
+            raise APIError(400, "echo=true is not supported", param="echo")
+        if not p:
+            raise APIError(400, "prompt is empty: give at least one token", param="prompt")
+        return p
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    def engine_prompt(self) -> list[dict]:
+        if not self.messages:
+            raise APIError(400, "messages is empty: give at least one message", param="messages")
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+def validation_message(err: ValidationError | list[dict]) -> str:
+    """One line naming each bad field, its value and the rule it broke."""
+    parts = []
+    for e in (err.errors() if isinstance(err, ValidationError) else err):
+        loc = ".".join(str(x) for x in e["loc"] if x != "body") or "body"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}={e['input']!r}: {msg}" if "input" in e and e["type"] != "missing" else f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+# ---- responses -----------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage_of(out: RequestOutput) -> dict:
+    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
+            "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+
+
+def speculation_of(out: RequestOutput) -> dict:
+    rate = out.num_accepted_tokens / out.num_draft_tokens if out.num_draft_tokens else None
+    return {"num_drafts": out.num_drafts, "num_draft_tokens": out.num_draft_tokens,
+            "num_accepted_tokens": out.num_accepted_tokens, "acceptance_rate": rate,
+            "accepted_per_pos": list(out.accepted_per_pos)}
+
+
+def finish_reason_of(out: RequestOutput) -> str | None:
+    if not out.finished:
+        return None
+    return {"abort": "abort", "error": "error"}.get(out.finish_reason, out.finish_reason)
+
+
+def completion_response(rid: str, model: str, out: RequestOutput, chat: bool) -> dict:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                  "logprobs": None, "finish_reason": finish_reason_of(out)}
+    else:
+        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": finish_reason_of(out)}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage_of(out), "speculation": speculation_of(out)}
+
+
+def stream_chunk(rid: str, model: str, chat: bool, text: str | None = None, finish_reason: str | None = None,
+                 role: bool = False, created: int | None = None) -> dict:
+    """One SSE chunk with one choice (``text`` None and ``role`` set: the chat opening chunk)."""
+    if chat:
+        delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created or int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk(rid: str, model: str, chat: bool, out: RequestOutput, created: int | None = None) -> dict:
+    """The last chunk when ``stream_options.include_usage``: no choices, usage and speculation."""
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created or int(time.time()), "model": model, "choices": [],
+            "usage": usage_of(out), "speculation": speculation_of(out)}
+
+
+def models_response(model: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specray"}]}

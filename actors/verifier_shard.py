@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout  # the only way to shorten it after joining
 
 from actors.model.attention import copy_kv_slots
 from actors.model.layers import TPContext
@@ -43,7 +44,8 @@ class ShardSpec:
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int = 1  # torch threads per rank: the cores a rank owns
-    timeout_s: float = 60.0  # bound on rendezvous and on every collective
+    timeout_s: float = 60.0  # bound on every step's collectives and answers
+    start_timeout_s: float = 300.0  # bound on actor start, rendezvous and loading the shards
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
@@ -78,17 +80,20 @@ class VerifierShard:
         if self.rank != 0:
             raise RuntimeError(f"rendezvous() runs on rank 0, not rank {self.rank}")
         host = _node_ip()
-        self._store = dist.TCPStore(host, 0, self.world, True, timeout=self._timeout(), wait_for_workers=False)
+        self._store = dist.TCPStore(host, 0, self.world, True, timeout=self._start_timeout(),
+                                    wait_for_workers=False)
         return host, int(self._store.port)
 
     def setup(self, host: str | None = None, port: int | None = None) -> dict:
         """Join the process group (tp > 1), load this rank's weight shards, allocate its KV shard."""
         tp = TPContext.single()
         if self.world > 1:
-            store = self._store or dist.TCPStore(host, port, self.world, False, timeout=self._timeout())
+            store = self._store or dist.TCPStore(host, port, self.world, False, timeout=self._start_timeout())
             self.address = (host or _node_ip(), int(store.port))
+            # joining waits for peers that may still be starting; steps then get the short bound
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
-                                    timeout=self._timeout())
+                                    timeout=self._start_timeout())
+            _set_pg_timeout(self._timeout(), None)
             tp = TPContext(self.rank, self.world, None)
         from actors.model.loader import load_model
 
@@ -104,6 +109,9 @@ class VerifierShard:
 
     def _timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.spec.timeout_s)
+
+    def _start_timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=max(self.spec.start_timeout_s, self.spec.timeout_s))
 
     # ---- health / figures -----------------------------------------------------------------
     def ping(self) -> int:

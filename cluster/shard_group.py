@@ -133,8 +133,10 @@ class ShardGroup:
             for r in range(self.spec.tp_size)
         ]
         try:
-            addr = self._get(self._actors[0].rendezvous.remote(), "rendezvous") if self.spec.tp_size > 1 else ()
-            self.rank_info = [self._get(ref, f"set-up of rank {r}")
+            start = max(self.spec.start_timeout_s, self.spec.timeout_s)  # loading shards takes a while
+            addr = (self._get(self._actors[0].rendezvous.remote(), "rendezvous", start)
+                    if self.spec.tp_size > 1 else ())
+            self.rank_info = [self._get(ref, f"set-up of rank {r}", start)
                               for r, ref in enumerate([a.setup.remote(*addr) for a in self._actors])]
         except BaseException:
             self._kill_actors()
@@ -307,14 +309,15 @@ class ShardGroup:
             self._fail(f"rank {rank} left its step loop ({_outcome(ready[0])})")
         return self._get(ref, what)
 
-    def _get(self, ref, what: str):
+    def _get(self, ref, what: str, timeout_s: float | None = None):
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
+        timeout_s = self.spec.timeout_s if timeout_s is None else timeout_s
         try:
-            return ray.get(ref, timeout=self.spec.timeout_s)
+            return ray.get(ref, timeout=timeout_s)
         except GetTimeoutError as e:
-            self._fail(f"no answer to {what} within {self.spec.timeout_s:g} s", e)
+            self._fail(f"no answer to {what} within {timeout_s:g} s", e)
         except RayTaskError as e:
             if isinstance(e, ValueError):  # rejected before any state changed: bad input, group intact
                 raise

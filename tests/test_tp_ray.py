@@ -129,11 +129,19 @@ def test_two_groups_on_one_host(tiny_group, tiny_dir, prompts, tiny_baseline):
 
 
 def _kill_and_wait(actor) -> None:
+    """ray.kill is asynchronous: a call sent right after it may still be answered, so poll until
+    the actor is really gone."""
     import ray
 
     ray.kill(actor)
-    with pytest.raises(ray.exceptions.RayActorError):  # returns once it is really gone
-        ray.get(actor.ping.remote(), timeout=TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"actor still answers {TIMEOUT_S:g} s after ray.kill")
 
 
 @pytest.mark.ray

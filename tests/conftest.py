@@ -107,3 +107,34 @@ def ray_cluster():
         yield ray
     finally:
         ray.shutdown()
+
+
+# ---- the tiny-model set shared by the engine, drafter-worker and TP tests ----------------------
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tiny_model_dir) -> Path:
+    """Untied tiny Llama (4 heads, 2 KV heads): varied greedy output, some n-gram repeats."""
+    return tiny_model_dir("llama", seed=0, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tiny_model_dir) -> Path:
+    """A different, one-layer model with the same vocabulary, used as a draft."""
+    return tiny_model_dir("llama", seed=1, num_hidden_layers=1, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts() -> list[list[int]]:
+    from tests.tiny import random_prompts
+
+    return random_prompts(8, seed=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline(tiny_target_dir, tiny_prompts) -> list[list[int]]:
+    """Non-speculative greedy output of the tiny target, TINY_MAX_TOKENS tokens per prompt."""
+    from actors.sampling_params import SamplingParams
+    from tests.tiny import TINY_MAX_TOKENS, tiny_engine
+
+    params = SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True)
+    return [o.token_ids for o in tiny_engine(tiny_target_dir).generate(tiny_prompts, params, concurrency=1)]

@@ -10,51 +10,31 @@ import torch
 
 from actors.drafter_worker import DraftCall, DrafterSpec, DrafterWorker
 from actors.sampling_params import SamplingParams
-from tests.tiny import random_prompts, tiny_engine
+from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
-MAX_TOKENS = 24
+MAX_TOKENS = TINY_MAX_TOKENS  # the shared baseline's length
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tiny_model_dir):
-    return tiny_model_dir("llama", seed=0, tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def draft_dir(tiny_model_dir):
-    return tiny_model_dir("llama", seed=1, num_hidden_layers=1, tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return random_prompts(8, seed=3)
-
-
-@pytest.fixture(scope="module")
-def baseline(target_dir, prompts):
-    return _ids(tiny_engine(target_dir).generate(prompts, GREEDY, concurrency=1))
 
 
 def _ids(outs):
     return [o.token_ids for o in outs]
 
 
-def _specs(draft_dir, *methods):
-    return [DrafterSpec("ngram") if m == "ngram" else DrafterSpec("draft", draft_model=str(draft_dir), block_size=4)
+def _specs(tiny_draft_dir, *methods):
+    return [DrafterSpec("ngram") if m == "ngram" else DrafterSpec("draft", draft_model=str(tiny_draft_dir), block_size=4)
             for m in methods]
 
 
-def _engine(target_dir, proposer):
+def _engine(tiny_target_dir, proposer):
     """An engine whose speculation budget comes from a k=4 chain and whose proposer is ``proposer``."""
-    eng = tiny_engine(target_dir, draft="ngram", k=4)
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
     eng.proposer = proposer
     return eng
 
 
-def _run_killing(eng, prompts, kill_at: dict):
+def _run_killing(eng, tiny_prompts, kill_at: dict):
     """Step the engine by hand; kill_at: step number -> callable run before that step."""
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(tiny_prompts):
         eng.add_request(f"r{i}", p, GREEDY)
     done, step = {}, 0
     while eng.has_unfinished():
@@ -64,7 +44,7 @@ def _run_killing(eng, prompts, kill_at: dict):
             if o.finished:
                 done[o.request_id] = o.token_ids
         step += 1
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    return [done[f"r{i}"] for i in range(len(tiny_prompts))]
 
 
 def _assert_workers_clean(proposer):
@@ -86,7 +66,7 @@ def test_spec_validation_names_the_problem():
         DrafterSpec("ngram", dtype="fp8")
 
 
-def test_worker_keeps_history_and_asks_for_resend(draft_dir):
+def test_worker_keeps_history_and_asks_for_resend(tiny_draft_dir):
     w = DrafterWorker(DrafterSpec("ngram"))
     toks = [5, 6, 7, 8, 5, 6, 7]
     reply = w.propose([DraftCall(1, 0, toks, [1, 1], 2, SamplingParams())])
@@ -99,8 +79,8 @@ def test_worker_keeps_history_and_asks_for_resend(draft_dir):
     assert w.history == {}
 
 
-def test_worker_sampling_is_seeded_and_returns_q(draft_dir):
-    w = DrafterWorker(_specs(draft_dir, "draft")[0])
+def test_worker_sampling_is_seeded_and_returns_q(tiny_draft_dir):
+    w = DrafterWorker(_specs(tiny_draft_dir, "draft")[0])
     params = SamplingParams(temperature=0.9, seed=1)
     call = lambda sid, seed: DraftCall(sid, 0, [5, 6, 7, 8], [1, 2], 3, params, seed)  # noqa: E731
     a, b, c = (w.propose([call(i, s)]).trees[0] for i, s in ((1, 11), (2, 11), (3, 12)))
@@ -111,49 +91,49 @@ def test_worker_sampling_is_seeded_and_returns_q(draft_dir):
     assert c.tokens != a.tokens  # another seed, another draw
 
 
-def test_build_checks_the_draft_on_the_driver_first(target_dir, draft_dir, tmp_path):
+def test_build_checks_the_draft_on_the_driver_first(tiny_target_dir, tiny_draft_dir, tmp_path):
     """Bad draft models fail before any worker starts (no Ray needed to see the error)."""
     from cluster.config import SpeculativeConfig
     from cluster.remote_proposer import build_remote_proposer
 
-    eng = tiny_engine(target_dir)
+    eng = tiny_engine(tiny_target_dir)
     missing = str(tmp_path / "missing-draft")
     with pytest.raises(ValueError, match=re.escape(repr(missing))):
         build_remote_proposer(SpeculativeConfig(method="draft", draft_model=missing), eng)
     with pytest.raises(ValueError, match="has no tokenizer files"):
-        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(draft_dir)), eng)
+        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng)
 
     class Wide(type(eng.tokenizer)):
         def __len__(self):
             return 512
 
     with pytest.raises(ValueError, match="different tokenizer: vocab size 512"):
-        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(draft_dir)), eng,
+        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng,
                               draft_tokenizer=Wide())
 
 
 # ---- Ray actors -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def merged(ray_cluster, target_dir, draft_dir):
+def merged(ray_cluster, tiny_target_dir, tiny_draft_dir):
     """ngram + draft-model workers, built as the engine would (driver-side tokenizer check first)."""
     from cluster.config import SpeculativeConfig
     from cluster.remote_proposer import build_remote_proposer
 
-    eng = tiny_engine(target_dir, num_kv_blocks=256)
-    spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_spec_tokens=4)
+    eng = tiny_engine(tiny_target_dir, num_kv_blocks=256)
+    spec = SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir), num_spec_tokens=4)
     rp = build_remote_proposer(spec, eng, ["ngram", "draft"], draft_tokenizer=eng.tokenizer)
     assert [(s.spec.method, s.spec.draft_model, s.spec.block_size) for s in rp.slots] == [
-        ("ngram", None, 4), ("draft", str(draft_dir), 4)]
+        ("ngram", None, 4), ("draft", str(tiny_draft_dir), 4)]
     yield rp
     rp.shutdown()
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("concurrency", [1, 8])
-def test_two_merged_workers_are_lossless(concurrency, merged, target_dir, prompts, baseline):
-    eng = _engine(target_dir, merged)
-    outs = eng.generate(prompts, GREEDY, concurrency=concurrency)
-    assert _ids(outs) == baseline
+def test_two_merged_workers_are_lossless(concurrency, merged, tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = _engine(tiny_target_dir, merged)
+    outs = eng.generate(tiny_prompts, GREEDY, concurrency=concurrency)
+    assert _ids(outs) == tiny_baseline
     assert sum(o.num_draft_tokens for o in outs) > 0, "speculation never ran"
     assert eng.num_proposer_failures == 0 and merged.num_restarts == 0
     assert all(info["num_calls"] > 0 for info in merged.ping()), "a worker never drafted"
@@ -162,13 +142,13 @@ def test_two_merged_workers_are_lossless(concurrency, merged, target_dir, prompt
 
 
 @pytest.mark.ray
-def test_overlapped_micro_batches_are_lossless(merged, target_dir, prompts, baseline):
+def test_overlapped_micro_batches_are_lossless(merged, tiny_target_dir, tiny_prompts, tiny_baseline):
     from cluster.overlap import OverlapStepper
 
-    eng = _engine(target_dir, merged)
+    eng = _engine(tiny_target_dir, merged)
     stepper = OverlapStepper(eng, num_micro_batches=2)
-    outs = stepper.generate(prompts, GREEDY)
-    assert _ids(outs) == baseline
+    outs = stepper.generate(tiny_prompts, GREEDY)
+    assert _ids(outs) == tiny_baseline
     assert sum(o.num_draft_tokens for o in outs) > 0
     assert max(len(t.micro) for t in stepper.timings) == 2
     assert all(m.draft_compute_s >= 0 and m.verify_s > 0 for t in stepper.timings for m in t.micro)
@@ -178,55 +158,55 @@ def test_overlapped_micro_batches_are_lossless(merged, target_dir, prompts, base
 
     knob = eng.config.model_copy(update={"draft_overlap_micro_batches": 2})
     eng2 = LLMEngine(knob, loaded=eng.loaded, proposer=merged)
-    assert _ids(eng2.generate(prompts, GREEDY)) == baseline
+    assert _ids(eng2.generate(tiny_prompts, GREEDY)) == tiny_baseline
     assert max(len(t.micro) for t in eng2._overlap.timings) == 2
     _assert_workers_clean(merged)
 
 
 @pytest.mark.ray
-def test_sampling_through_workers_is_reproducible(merged, target_dir, prompts):
+def test_sampling_through_workers_is_reproducible(merged, tiny_target_dir, tiny_prompts):
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=7, ignore_eos=True)
-    a = _engine(target_dir, merged).generate(prompts[:3], params)
-    b = _engine(target_dir, merged).generate(prompts[:3], params, concurrency=1)
-    c = _engine(target_dir, merged).generate(prompts[:3], params.model_copy(update={"seed": 8}))
+    a = _engine(tiny_target_dir, merged).generate(tiny_prompts[:3], params)
+    b = _engine(tiny_target_dir, merged).generate(tiny_prompts[:3], params, concurrency=1)
+    c = _engine(tiny_target_dir, merged).generate(tiny_prompts[:3], params.model_copy(update={"seed": 8}))
     assert _ids(a) == _ids(b) != _ids(c)
     assert sum(o.num_draft_tokens for o in a) > 0
 
 
 @pytest.mark.ray
-def test_killing_one_drafter_mid_generation(ray_cluster, target_dir, draft_dir, prompts, baseline):
+def test_killing_one_drafter_mid_generation(ray_cluster, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
     from cluster.remote_proposer import RemoteProposer
 
-    rp = RemoteProposer(_specs(draft_dir, "ngram", "draft"))
+    rp = RemoteProposer(_specs(tiny_draft_dir, "ngram", "draft"))
     try:
         victim = rp.handles()[1]
-        eng = _engine(target_dir, rp)
-        assert _run_killing(eng, prompts, {3: lambda: ray_cluster.kill(victim)}) == baseline
+        eng = _engine(tiny_target_dir, rp)
+        assert _run_killing(eng, tiny_prompts, {3: lambda: ray_cluster.kill(victim)}) == tiny_baseline
         assert rp.num_restarts == 1 and eng.num_proposer_failures == 0  # the n-gram worker kept answering
         assert rp.wait_ready(60) and rp.num_live == 2 and rp.handles()[1] is not victim
-        outs = _engine(target_dir, rp).generate(prompts[:2], GREEDY)  # the replacement drafts again
-        assert _ids(outs) == baseline[:2] and rp.num_failed_steps == 0
+        outs = _engine(tiny_target_dir, rp).generate(tiny_prompts[:2], GREEDY)  # the replacement drafts again
+        assert _ids(outs) == tiny_baseline[:2] and rp.num_failed_steps == 0
     finally:
         rp.shutdown()
 
 
 @pytest.mark.ray
-def test_killing_all_drafters_and_a_missed_deadline(ray_cluster, target_dir, draft_dir, prompts, baseline):
+def test_killing_all_drafters_and_a_missed_deadline(ray_cluster, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
     from cluster.remote_proposer import RemoteProposer
 
-    rp = RemoteProposer(_specs(draft_dir, "ngram", "draft"))
+    rp = RemoteProposer(_specs(tiny_draft_dir, "ngram", "draft"))
     try:
         def kill_all():
             for h in rp.handles():
                 ray_cluster.kill(h)
 
-        eng = _engine(target_dir, rp)
-        assert _run_killing(eng, prompts, {2: kill_all}) == baseline
+        eng = _engine(tiny_target_dir, rp)
+        assert _run_killing(eng, tiny_prompts, {2: kill_all}) == tiny_baseline
         assert rp.num_restarts == 2 and eng.num_proposer_failures > 0  # steps decoded plainly
         assert rp.wait_ready(60) and rp.num_live == 2
         rp.timeout_s = 0.0  # every answer now misses its deadline: the workers are killed and replaced
-        eng = _engine(target_dir, rp)
-        assert _ids(eng.generate(prompts[:2], GREEDY)) == baseline[:2]
+        eng = _engine(tiny_target_dir, rp)
+        assert _ids(eng.generate(tiny_prompts[:2], GREEDY)) == tiny_baseline[:2]
         assert rp.num_timeouts >= 2 and rp.num_restarts >= 4
     finally:
         rp.shutdown()
@@ -246,14 +226,14 @@ def test_bad_draft_model_fails_at_construction(ray_cluster, tmp_path):
 
 
 @pytest.mark.ray
-def test_two_proposers_on_one_host_do_not_interfere(ray_cluster, merged, target_dir, draft_dir, prompts, baseline):
+def test_two_proposers_on_one_host_do_not_interfere(ray_cluster, merged, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
     from cluster.remote_proposer import RemoteProposer
 
-    other = RemoteProposer(_specs(draft_dir, "draft"))
+    other = RemoteProposer(_specs(tiny_draft_dir, "draft"))
     try:
         restarts = merged.num_restarts
-        a, b = _engine(target_dir, merged), _engine(target_dir, other)
-        for i, p in enumerate(prompts[:4]):
+        a, b = _engine(tiny_target_dir, merged), _engine(tiny_target_dir, other)
+        for i, p in enumerate(tiny_prompts[:4]):
             a.add_request(f"a{i}", p, GREEDY)
             b.add_request(f"b{i}", p, GREEDY)
         done, step = {}, 0
@@ -264,7 +244,7 @@ def test_two_proposers_on_one_host_do_not_interfere(ray_cluster, merged, target_
                 if o.finished:
                     done[o.request_id] = o.token_ids
             step += 1
-        assert [done[f"a{i}"] for i in range(4)] == [done[f"b{i}"] for i in range(4)] == baseline[:4]
+        assert [done[f"a{i}"] for i in range(4)] == [done[f"b{i}"] for i in range(4)] == tiny_baseline[:4]
         assert other.num_restarts == 1 and merged.num_restarts == restarts and a.num_proposer_failures == 0
         pids = {i["pid"] for i in merged.ping()}
         assert other.wait_ready(60) and not pids & {i["pid"] for i in other.ping()}

@@ -5,30 +5,9 @@ from __future__ import annotations
 import pytest
 
 from actors.sampling_params import SamplingParams
-from tests.tiny import random_prompts, tiny_engine
+from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
-MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def target_dir(tiny_model_dir):
-    return tiny_model_dir("llama", seed=0, tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def other_draft_dir(tiny_model_dir):
-    return tiny_model_dir("llama", seed=1, num_hidden_layers=1, tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return random_prompts(8, seed=3)
-
-
-@pytest.fixture(scope="module")
-def baseline(target_dir, prompts):
-    eng = tiny_engine(target_dir)
-    return _ids(eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), concurrency=1))
+MAX_TOKENS = TINY_MAX_TOKENS  # the shared baseline's length
 
 
 def _ids(outs):
@@ -53,12 +32,12 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("concurrency", [1, 8])
-def test_greedy_speculation_is_lossless(spec, concurrency, target_dir, other_draft_dir, prompts, baseline):
+def test_greedy_speculation_is_lossless(spec, concurrency, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
     spec = dict(spec)
-    draft_dir = target_dir if spec.pop("use_self", False) else other_draft_dir
-    eng = tiny_engine(target_dir, draft_dir=draft_dir, **spec)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), concurrency=concurrency)
-    assert _ids(outs) == baseline
+    draft_dir = tiny_target_dir if spec.pop("use_self", False) else tiny_draft_dir
+    eng = tiny_engine(tiny_target_dir, draft_dir=draft_dir, **spec)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), concurrency=concurrency)
+    assert _ids(outs) == tiny_baseline
     assert sum(o.num_draft_tokens for o in outs) > 0, "speculation never ran"
     for o in outs:
         assert o.num_accepted_tokens <= o.num_draft_tokens
@@ -66,46 +45,46 @@ def test_greedy_speculation_is_lossless(spec, concurrency, target_dir, other_dra
     _assert_no_leak(eng)
 
 
-def test_self_draft_accepts_everything(target_dir, prompts):
+def test_self_draft_accepts_everything(tiny_target_dir, tiny_prompts):
     """A draft identical to the target must agree with it (checks the draft's own paged cache)."""
-    eng = tiny_engine(target_dir, draft="draft", draft_dir=target_dir, k=4)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    eng = tiny_engine(tiny_target_dir, draft="draft", draft_dir=tiny_target_dir, k=4)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     drafted = sum(o.num_draft_tokens for o in outs)
     accepted = sum(o.num_accepted_tokens for o in outs)
     assert accepted / drafted > 0.95
 
 
-def test_preemption_with_tiny_kv_pool(target_dir, prompts, baseline):
+def test_preemption_with_tiny_kv_pool(tiny_target_dir, tiny_prompts, tiny_baseline):
     # 24 blocks of 4 tokens: room for ~1-2 sequences of ~60 tokens at a time, 8 prompts in flight.
-    eng = tiny_engine(target_dir, draft="ngram", k=4, num_kv_blocks=24, max_model_len=64)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    assert _ids(outs) == baseline
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, num_kv_blocks=24, max_model_len=64)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert _ids(outs) == tiny_baseline
     assert eng.scheduler.num_preemptions > 0, "the pool was large enough: the test did not preempt"
     _assert_no_leak(eng)
 
 
-def test_chunked_prefill_small_token_budget(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir, draft="layerskip:1", k=3, max_num_batched_tokens=16)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    assert _ids(outs) == baseline
+def test_chunked_prefill_small_token_budget(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft="layerskip:1", k=3, max_num_batched_tokens=16)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert _ids(outs) == tiny_baseline
     _assert_no_leak(eng)
 
 
-def test_prefix_cache_hit_gives_same_output(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir)
+def test_prefix_cache_hit_gives_same_output(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    first = eng.generate(prompts[:1], params)
+    first = eng.generate(tiny_prompts[:1], params)
     hits_before = eng.allocator.prefix_hits
-    second = eng.generate(prompts[:1], params)
+    second = eng.generate(tiny_prompts[:1], params)
     assert eng.allocator.prefix_hits > hits_before
-    assert _ids(first) == _ids(second) == baseline[:1]
+    assert _ids(first) == _ids(second) == tiny_baseline[:1]
     _assert_no_leak(eng)
 
 
-def test_abort_frees_blocks_and_others_finish(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir, draft="ngram", k=4)
+def test_abort_frees_blocks_and_others_finish(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, p in enumerate(prompts[:3]):
+    for i, p in enumerate(tiny_prompts[:3]):
         eng.add_request(f"r{i}", p, params)
     eng.step()
     eng.step()
@@ -118,7 +97,7 @@ def test_abort_frees_blocks_and_others_finish(target_dir, prompts, baseline):
             if o.finished:
                 done[o.request_id] = o.token_ids
     assert set(done) == {"r0", "r2"}
-    assert [done["r0"], done["r2"]] == [baseline[0], baseline[2]]
+    assert [done["r0"], done["r2"]] == [tiny_baseline[0], tiny_baseline[2]]
     _assert_no_leak(eng)
 
 
@@ -132,44 +111,44 @@ class _Broken:
         pass
 
 
-def test_proposer_failure_degrades_to_plain_decoding(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir, draft="ngram", k=4)
+def test_proposer_failure_degrades_to_plain_decoding(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
     eng.proposer = _Broken()
-    outs = eng.generate(prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    assert _ids(outs) == baseline[:2]
+    outs = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert _ids(outs) == tiny_baseline[:2]
     assert eng.num_proposer_failures > 0
     _assert_no_leak(eng)
 
 
-def test_stop_string_and_eos(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir)
-    text = bytes(t for t in baseline[0] if t not in (1, 2)).decode("utf-8", errors="replace")
+def test_stop_string_and_eos(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir)
+    text = bytes(t for t in tiny_baseline[0] if t not in (1, 2)).decode("utf-8", errors="replace")
     stop = text[3:5]
-    out = eng.generate(prompts[:1], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop]))[0]
+    out = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop]))[0]
     assert out.finish_reason == "stop"
     assert stop not in out.text and text.startswith(out.text)
     _assert_no_leak(eng)
 
 
-def test_sampling_seed_reproducible(target_dir, prompts):
+def test_sampling_seed_reproducible(tiny_target_dir, tiny_prompts):
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
-    a = tiny_engine(target_dir, draft="layerskip:1", k=3).generate(prompts[:3], params)
-    b = tiny_engine(target_dir, draft="layerskip:1", k=3).generate(prompts[:3], params, concurrency=1)
+    a = tiny_engine(tiny_target_dir, draft="layerskip:1", k=3).generate(tiny_prompts[:3], params)
+    b = tiny_engine(tiny_target_dir, draft="layerskip:1", k=3).generate(tiny_prompts[:3], params, concurrency=1)
     assert _ids(a) == _ids(b)
-    c = tiny_engine(target_dir, draft="layerskip:1", k=3).generate(
-        prompts[:3], params.model_copy(update={"seed": 8}))
+    c = tiny_engine(tiny_target_dir, draft="layerskip:1", k=3).generate(
+        tiny_prompts[:3], params.model_copy(update={"seed": 8}))
     assert _ids(a) != _ids(c)
 
 
-def test_spec_override_off_does_no_draft_work(target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir, draft="ngram", k=4)
-    outs = eng.generate(prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, spec_tokens=0))
-    assert _ids(outs) == baseline[:2]
+def test_spec_override_off_does_no_draft_work(tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
+    outs = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, spec_tokens=0))
+    assert _ids(outs) == tiny_baseline[:2]
     assert all(o.num_draft_tokens == 0 for o in outs)
 
 
-def test_bad_requests_change_no_state(target_dir):
-    eng = tiny_engine(target_dir, max_model_len=32)
+def test_bad_requests_change_no_state(tiny_target_dir):
+    eng = tiny_engine(tiny_target_dir, max_model_len=32)
     with pytest.raises(ValueError, match="40 tokens"):
         eng.add_request("a", list(range(3, 43)))
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -206,19 +185,19 @@ class _FlakyVerifier:
 
 
 @pytest.mark.parametrize("draft", ["none", "layerskip:1"])
-def test_verifier_failure_restarts_and_requeues_without_loss(draft, target_dir, prompts, baseline):
-    eng = tiny_engine(target_dir, draft=draft, k=3)
+def test_verifier_failure_restarts_and_requeues_without_loss(draft, tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft=draft, k=3)
     flaky = _FlakyVerifier(eng.verifier, fail_at=9)
     eng.verifier = flaky
     if draft != "none":
         eng.proposer.verifier = flaky
     streamed: dict[str, list[int]] = {}
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(tiny_prompts):
         eng.add_request(f"r{i}", p, params)
     while eng.has_unfinished():
         for o in eng.step():
             streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
     assert flaky.restarts == 1 and eng.num_verifier_restarts == 1
-    assert [streamed[f"r{i}"] for i in range(len(prompts))] == baseline  # nothing lost or duplicated
+    assert [streamed[f"r{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or duplicated
     _assert_no_leak(eng)

@@ -16,39 +16,22 @@ from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.engine import LLMEngine
 from cluster.shard_group import ShardGroup, VerifierGroupError
 from cluster.topology import PlacementError, ReplicaTopology, create_placement_group
-from tests.tiny import _load, random_prompts, tiny_engine
+from tests.tiny import TINY_MAX_TOKENS, _load
 
-TINY_TOKENS = 24
+TINY_TOKENS = TINY_MAX_TOKENS  # the shared baseline's length
 TINY_BLOCKS, TINY_BS = 256, 4
 CHAT_TOKENS, CHAT_PROMPTS = 16, 3
 DEFAULT_BLOCKS, DEFAULT_BS = 64, 16
 TIMEOUT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model_dir):
-    return tiny_model_dir("llama", seed=0, tie_word_embeddings=False)  # 4 heads, 2 KV heads
+def _tiny_group(tiny_target_dir, compiled: bool | None = None) -> ShardGroup:
+    return ShardGroup.create(str(tiny_target_dir), 2, TINY_BLOCKS, TINY_BS, timeout_s=TIMEOUT_S, compiled=compiled)
 
 
 @pytest.fixture(scope="module")
-def prompts():
-    return random_prompts(8, seed=3)
-
-
-@pytest.fixture(scope="module")
-def tiny_baseline(tiny_dir, prompts):
-    eng = tiny_engine(tiny_dir)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
-    return [o.token_ids for o in outs]
-
-
-def _tiny_group(tiny_dir, compiled: bool | None = None) -> ShardGroup:
-    return ShardGroup.create(str(tiny_dir), 2, TINY_BLOCKS, TINY_BS, timeout_s=TIMEOUT_S, compiled=compiled)
-
-
-@pytest.fixture(scope="module")
-def tiny_group(ray_cluster, tiny_dir):
-    group = _tiny_group(tiny_dir)
+def tiny_group(ray_cluster, tiny_target_dir):
+    group = _tiny_group(tiny_target_dir)
     yield group
     group.shutdown()
 
@@ -59,15 +42,15 @@ def _engine_on(group: ShardGroup, model_dir, draft: str = "none", k: int = 4) ->
     return LLMEngine(config, loaded=_load(str(model_dir)), verifier=group)
 
 
-def _generate(eng: LLMEngine, prompts) -> list:
-    return eng.generate(prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
+def _generate(eng: LLMEngine, tiny_prompts) -> list:
+    return eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("draft", ["none", "ngram", "layerskip:1"])
-def test_tp2_tiny_is_token_identical_to_tp1(draft, tiny_group, tiny_dir, prompts, tiny_baseline):
-    eng = _engine_on(tiny_group, tiny_dir, draft, k=3)
-    outs = _generate(eng, prompts)
+def test_tp2_tiny_is_token_identical_to_tp1(draft, tiny_group, tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = _engine_on(tiny_group, tiny_target_dir, draft, k=3)
+    outs = _generate(eng, tiny_prompts)
     assert [o.token_ids for o in outs] == tiny_baseline
     if draft != "none":
         assert sum(o.num_draft_tokens for o in outs) > 0, "speculation never ran"
@@ -76,8 +59,8 @@ def test_tp2_tiny_is_token_identical_to_tp1(draft, tiny_group, tiny_dir, prompts
 
 
 @pytest.mark.ray
-def test_tp2_per_rank_parameter_bytes_are_about_half(tiny_group, tiny_dir):
-    full = _load(str(tiny_dir)).model.param_bytes()
+def test_tp2_per_rank_parameter_bytes_are_about_half(tiny_group, tiny_target_dir):
+    full = _load(str(tiny_target_dir)).model.param_bytes()
     per_rank = tiny_group.param_bytes()
     assert len(per_rank) == 2
     for b in per_rank:
@@ -95,9 +78,9 @@ def test_bad_step_is_rejected_and_group_still_works(tiny_group):
 
 
 @pytest.mark.ray
-def test_idle_group_outlives_its_collective_timeout(ray_cluster, tiny_dir):
+def test_idle_group_outlives_its_collective_timeout(ray_cluster, tiny_target_dir):
     """Idle ranks wait in a collective with a timeout; rank 0's heartbeat keeps them alive."""
-    group = ShardGroup.create(str(tiny_dir), 2, TINY_BLOCKS, TINY_BS, timeout_s=2)
+    group = ShardGroup.create(str(tiny_target_dir), 2, TINY_BLOCKS, TINY_BS, timeout_s=2)
     try:
         chunk = [SeqChunk([3, 4], [0, 1], [0, 1], 2, [0])]
         first = group.forward_logits(chunk, [1])
@@ -108,22 +91,22 @@ def test_idle_group_outlives_its_collective_timeout(ray_cluster, tiny_dir):
 
 
 @pytest.mark.ray
-def test_two_groups_on_one_host(tiny_group, tiny_dir, prompts, tiny_baseline):
-    other = _tiny_group(tiny_dir, compiled=True)  # a Ray compiled graph; tiny_group uses plain actor calls
+def test_two_groups_on_one_host(tiny_group, tiny_target_dir, tiny_prompts, tiny_baseline):
+    other = _tiny_group(tiny_target_dir, compiled=True)  # a Ray compiled graph; tiny_group uses plain actor calls
     try:
         assert other.is_compiled and not tiny_group.is_compiled
         assert other.rank_info[0]["address"] != tiny_group.rank_info[0]["address"]
-        engines = [_engine_on(tiny_group, tiny_dir, "ngram"), _engine_on(other, tiny_dir)]
+        engines = [_engine_on(tiny_group, tiny_target_dir, "ngram"), _engine_on(other, tiny_target_dir)]
         params = SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True)
         for e, eng in enumerate(engines):
-            for i, p in enumerate(prompts):
+            for i, p in enumerate(tiny_prompts):
                 eng.add_request(f"g{e}-{i}", p, params)
         done: list[dict] = [{}, {}]
         while any(eng.has_unfinished() for eng in engines):  # interleave the two groups' steps
             for e, eng in enumerate(engines):
                 done[e].update({o.request_id: o.token_ids for o in eng.step() if o.finished})
         for e in range(2):
-            assert [done[e][f"g{e}-{i}"] for i in range(len(prompts))] == tiny_baseline
+            assert [done[e][f"g{e}-{i}"] for i in range(len(tiny_prompts))] == tiny_baseline
     finally:
         other.shutdown()
 
@@ -145,13 +128,13 @@ def _kill_and_wait(actor) -> None:
 
 
 @pytest.mark.ray
-def test_killed_rank_mid_generation_restarts_group_without_loss(ray_cluster, tiny_dir, prompts, tiny_baseline):
+def test_killed_rank_mid_generation_restarts_group_without_loss(ray_cluster, tiny_target_dir, tiny_prompts, tiny_baseline):
     """The engine restarts the group and re-queues from committed tokens: streams equal TP=1."""
-    group = _tiny_group(tiny_dir)
+    group = _tiny_group(tiny_target_dir)
     try:
-        eng = _engine_on(group, tiny_dir, "ngram")
+        eng = _engine_on(group, tiny_target_dir, "ngram")
         params = SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True)
-        for i, p in enumerate(prompts):
+        for i, p in enumerate(tiny_prompts):
             eng.add_request(f"k{i}", p, params)
         streamed: dict[str, list[int]] = {}
         slowest, step = 0.0, 0
@@ -164,15 +147,15 @@ def test_killed_rank_mid_generation_restarts_group_without_loss(ray_cluster, tin
             slowest, step = max(slowest, time.monotonic() - t0), step + 1
         assert group.epoch == 1 and eng.num_verifier_restarts == 1
         assert slowest < 60
-        assert [streamed[f"k{i}"] for i in range(len(prompts))] == tiny_baseline  # nothing lost or repeated
+        assert [streamed[f"k{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or repeated
         assert eng.allocator.num_free_blocks == eng.allocator.num_blocks
     finally:
         group.shutdown()
 
 
 @pytest.mark.ray
-def test_killed_rank0_raises_group_error_fast_and_restart_recovers(ray_cluster, tiny_dir):
-    group = _tiny_group(tiny_dir, compiled=True)
+def test_killed_rank0_raises_group_error_fast_and_restart_recovers(ray_cluster, tiny_target_dir):
+    group = _tiny_group(tiny_target_dir, compiled=True)
     try:
         chunk = [SeqChunk([3, 4, 5], [0, 1, 2], [0, 1, 2], 3, [0])]
         before = group.forward_logits(chunk, [2])
@@ -192,7 +175,7 @@ def test_killed_rank0_raises_group_error_fast_and_restart_recovers(ray_cluster, 
 
 
 @pytest.mark.ray
-def test_unsatisfiable_placement_fails_after_bounded_wait(ray_cluster, tiny_dir):
+def test_unsatisfiable_placement_fails_after_bounded_wait(ray_cluster, tiny_target_dir):
     from ray.util import placement_group_table
 
     t0 = time.monotonic()
@@ -201,12 +184,12 @@ def test_unsatisfiable_placement_fails_after_bounded_wait(ray_cluster, tiny_dir)
     assert time.monotonic() - t0 < 15
     assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values() if pg["name"] == "too-big")
     with pytest.raises(PlacementError, match="tp=2 needs 2 GPUs"):  # a CUDA group on a CPU-only cluster
-        ShardGroup.create(str(tiny_dir), 2, TINY_BLOCKS, TINY_BS, device="cuda", timeout_s=2)
+        ShardGroup.create(str(tiny_target_dir), 2, TINY_BLOCKS, TINY_BS, device="cuda", timeout_s=2)
 
 
-def test_tp_not_dividing_kv_heads_is_rejected(tiny_dir):
+def test_tp_not_dividing_kv_heads_is_rejected(tiny_target_dir):
     with pytest.raises(ValueError, match=r"tp=3 exceeds num_kv_heads=2"):
-        ShardGroup.create(str(tiny_dir), 3, TINY_BLOCKS, TINY_BS)
+        ShardGroup.create(str(tiny_target_dir), 3, TINY_BLOCKS, TINY_BS)
 
 
 # ---- the default model (SmolLM2-135M: 9 heads, 3 KV heads -> tp=3) ---------------------------------
@@ -249,7 +232,7 @@ def test_tp3_default_model_is_token_identical_to_tp1(default_model, default_grou
     assert all(0.3 <= b / full <= 0.4 for b in default_group.param_bytes())  # ~1/3 per rank
 
 
-def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_dir, tiny_model_dir, prompts,
+def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_target_dir, tiny_model_dir, tiny_prompts,
                                                           tiny_baseline):
     """TP=2 verification + two drafter actors (n-gram and a draft model) whose trees are merged."""
     from actors.drafter_worker import DrafterSpec
@@ -259,10 +242,10 @@ def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_dir, t
     rp = RemoteProposer([DrafterSpec("ngram", block_size=TINY_BS),
                          DrafterSpec("draft", draft_model=str(draft_dir), block_size=TINY_BS)])
     try:
-        config = EngineConfig(model=str(tiny_dir), speculative=SpeculativeConfig(method="ngram", num_spec_tokens=4),
+        config = EngineConfig(model=str(tiny_target_dir), speculative=SpeculativeConfig(method="ngram", num_spec_tokens=4),
                               num_threads=1, block_size=TINY_BS, num_kv_blocks=TINY_BLOCKS)
-        eng = LLMEngine(config, loaded=_load(str(tiny_dir)), verifier=tiny_group, proposer=rp)
-        outs = eng.generate(prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
+        eng = LLMEngine(config, loaded=_load(str(tiny_target_dir)), verifier=tiny_group, proposer=rp)
+        outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
         assert [o.token_ids for o in outs] == tiny_baseline
         assert sum(o.num_draft_tokens for o in outs) > 0 and eng.num_proposer_failures == 0
     finally:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+TINY_MAX_TOKENS = 24  # tokens per prompt of the shared tiny greedy baseline (tests/conftest.py)
+
 
 class ByteTokenizer:
     """Vocabulary = 256 byte values (ids 0..255); id 2 doubles as EOS. Enough to exercise the

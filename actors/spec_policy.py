@@ -1,0 +1,250 @@
+"""Adaptive speculation: how many draft tokens each sequence gets this step (K = 0: plain decoding).
+
+Speculation pays when the tokens it is expected to add outweigh what it costs. Per step the engine
+asks ``SpecPolicy.choose`` for the draft depth of every decoding sequence, maximising expected
+tokens per second of the whole batch:
+
+    goodput(k) = sum_s E_s(k_s) / (t_verify(N_base + sum_s k_s) + t_draft(max_s k_s, #drafting))
+
+- ``E_s(k) = 1 + sum_{j<=k} prod_{i<=j} r_s,i`` with ``r_s,i`` the estimated probability that
+  draft position i is accepted given positions < i were (``AcceptanceEstimator``: engine-wide
+  counts per position as the prior, each sequence's own counts on top).
+- ``t_verify(N)``: measured seconds of the target forward (+ verification) for N tokens,
+  ``t_draft``: measured seconds of one draft round for B sequences (``CostTable``: EWMAs per size,
+  interpolated, extrapolated with the last measured slope).
+- For a fixed depth cap D the draft cost is fixed and verify cost is about linear in the extra
+  tokens, so the best k_s take every position whose marginal gain prod r exceeds goodput x
+  (marginal verify seconds per token): a fractional (Dinkelbach) iteration, a few rounds over a
+  [B, K] array. Caps D = 0..K are compared, D = 0 being plain decoding.
+
+Estimates only move when sequences draft, so every ``explore_every`` steps the policy takes the
+full configured depth (alternately all-off) to keep both sides of the comparison measured.
+Everything here is plain arithmetic on floats: no torch, no engine state.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+# ---- pure math -----------------------------------------------------------------------------
+def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
+    """Expected tokens from one verification step with a depth-k chain: the bonus token plus each
+    draft position reached. rates[i]: P(position i+1 accepted | positions <= i accepted)."""
+    return 1.0 + float(np.cumprod(np.asarray(rates[:k], dtype=np.float64)).sum()) if k > 0 else 1.0
+
+
+def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
+                  iterations: int = 6) -> tuple[np.ndarray, float]:
+    """Depth per sequence maximising expected tokens per second of one step.
+
+    gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
+    acceptance rates; non-increasing along j); max_depths: [B] per-sequence limits (<= K);
+    base_tokens: tokens the forward carries anyway (roots + prefill chunks);
+    verify_s(n) -> seconds for a forward of n tokens; draft_round_s(b) -> seconds of one draft
+    round over b sequences. Returns (depths [B] int, goodput in tokens/s)."""
+    B, K = gains.shape
+    cols = np.arange(1, K + 1)[None, :]
+    allowed = cols <= max_depths[:, None]  # [B, K]
+    best_depths, best_rate = np.zeros(B, dtype=np.int64), B / max(verify_s(base_tokens), 1e-9)
+    for cap in range(1, int(max_depths.max(initial=0)) + 1):
+        mask = allowed & (cols <= cap)
+        take = mask.copy()
+        rate = 0.0
+        for _ in range(iterations):  # Dinkelbach: keep positions whose gain beats the current rate
+            depths = take.sum(axis=1)
+            n_draft = int((depths > 0).sum())
+            if n_draft == 0:
+                break
+            extra = int(depths.sum())
+            t = verify_s(base_tokens + extra) + int(depths.max()) * draft_round_s(n_draft)
+            new_rate = (B + float((gains * take).sum())) / max(t, 1e-9)
+            if abs(new_rate - rate) < 1e-9 * max(new_rate, 1.0):
+                break
+            rate = new_rate
+            marginal_s = (verify_s(base_tokens + extra + 1) - verify_s(base_tokens + extra))
+            take = mask & (gains > rate * marginal_s)
+            take = np.cumprod(take, axis=1).astype(bool)  # a depth-j chain includes 1..j-1
+        depths = take.sum(axis=1)
+        if depths.any():
+            t = verify_s(base_tokens + int(depths.sum())) + int(depths.max()) * draft_round_s(int((depths > 0).sum()))
+            rate = (B + float((gains * take).sum())) / max(t, 1e-9)
+            if rate > best_rate * (1 + 1e-6):
+                best_depths, best_rate = depths.astype(np.int64), rate
+    return best_depths, best_rate
+
+
+# ---- estimates -----------------------------------------------------------------------------
+@dataclass
+class _PosCounts:
+    offered: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def record(self, depth: int, num_accepted: int, decay: float = 1.0) -> None:
+        """A depth-``depth`` draft of which the first ``num_accepted`` positions were accepted."""
+        reached = min(num_accepted + 1, depth)
+        while len(self.offered) < depth:
+            self.offered.append(0.0)
+            self.accepted.append(0.0)
+        if decay != 1.0:
+            self.offered = [x * decay for x in self.offered]
+            self.accepted = [x * decay for x in self.accepted]
+        for i in range(reached):
+            self.offered[i] += 1.0
+        for i in range(num_accepted):
+            self.accepted[i] += 1.0
+
+
+class AcceptanceEstimator:
+    """Conditional acceptance rate per draft position: engine-wide (decayed so it follows the
+    traffic) as a prior worth ``prior_weight`` observations, plus each sequence's own counts."""
+
+    def __init__(self, max_depth: int, prior_rate: float = 0.5, prior_weight: float = 4.0,
+                 global_decay: float = 0.999):
+        self.max_depth = max_depth
+        self.prior_rate = prior_rate
+        self.prior_weight = prior_weight
+        self.global_decay = global_decay
+        self.glob = _PosCounts()
+        self.per_seq: dict[int, _PosCounts] = {}
+
+    def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
+        if depth <= 0:
+            return
+        if not 0 <= num_accepted <= depth:
+            raise ValueError(f"num_accepted={num_accepted} outside 0..depth={depth}")
+        self.glob.record(depth, num_accepted, self.global_decay)
+        self.per_seq.setdefault(seq_id, _PosCounts()).record(depth, num_accepted)
+
+    def global_rates(self) -> list[float]:
+        out = []
+        for i in range(self.max_depth):
+            off = self.glob.offered[i] if i < len(self.glob.offered) else 0.0
+            acc = self.glob.accepted[i] if i < len(self.glob.accepted) else 0.0
+            prev = out[-1] if out else self.prior_rate
+            out.append((acc + self.prior_weight * prev) / (off + self.prior_weight))
+        return out
+
+    def rates(self, seq_id: int, prior: list[float] | None = None) -> list[float]:
+        prior = prior if prior is not None else self.global_rates()
+        own = self.per_seq.get(seq_id)
+        if own is None:
+            return list(prior)
+        out = []
+        for i in range(self.max_depth):
+            off = own.offered[i] if i < len(own.offered) else 0.0
+            acc = own.accepted[i] if i < len(own.accepted) else 0.0
+            out.append((acc + self.prior_weight * prior[i]) / (off + self.prior_weight))
+        return out
+
+    def release(self, seq_id: int) -> None:
+        self.per_seq.pop(seq_id, None)
+
+
+class CostTable:
+    """Seconds as a function of a size (tokens in a forward, sequences in a draft round): an EWMA
+    per size (exact up to 32, power-of-two buckets above), linearly interpolated between measured
+    sizes; flat below the smallest (memory-bound); above the largest, the slope of the last two
+    points, capped at proportional growth (with one point: proportional, the pessimistic
+    compute-bound case)."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.buckets: dict[int, tuple[float, float]] = {}  # key -> (mean size, mean seconds)
+
+    @staticmethod
+    def _key(n: int) -> int:
+        return n if n <= 32 else 32 + math.ceil(math.log2(n / 32))
+
+    def observe(self, n: int, seconds: float) -> None:
+        if n <= 0 or not math.isfinite(seconds) or seconds < 0:
+            return
+        k = self._key(n)
+        if k in self.buckets:
+            m_n, m_s = self.buckets[k]
+            self.buckets[k] = (m_n + self.alpha * (n - m_n), m_s + self.alpha * (seconds - m_s))
+        else:
+            self.buckets[k] = (float(n), float(seconds))
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.buckets)
+
+    def __call__(self, n: int) -> float:
+        if not self.buckets:
+            return 0.0
+        pts = sorted(self.buckets.values())
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return s0 + (s1 - s0) * (n - n0) / max(n1 - n0, 1e-9)
+        n_last, s_last = pts[-1]
+        slope = s_last / n_last
+        if len(pts) > 1:
+            n_prev, s_prev = pts[-2]
+            slope = min(slope, max(0.0, (s_last - s_prev) / max(n_last - n_prev, 1e-9)))
+        return s_last + slope * (n - n_last)
+
+
+# ---- the policy the engine calls -------------------------------------------------------------
+@dataclass(slots=True)
+class DecodeSlot:
+    seq_id: int
+    max_depth: int  # what the configuration, the request and the KV reservation allow
+    fixed: bool = False  # the request fixed its K: not optimised
+
+
+class SpecPolicy:
+    def __init__(self, max_depth: int, explore_every: int = 32, prior_rate: float = 0.5):
+        self.max_depth = max_depth
+        self.explore_every = explore_every
+        self.acceptance = AcceptanceEstimator(max_depth, prior_rate=prior_rate)
+        self.verify_cost = CostTable()
+        self.draft_cost = CostTable()
+        self.num_steps = 0
+        self.last_goodput: float | None = None
+
+    def choose(self, slots: list[DecodeSlot], base_tokens: int) -> list[int]:
+        """Depth per slot this step. base_tokens: tokens in the forward besides draft nodes."""
+        self.num_steps += 1
+        if not slots:
+            return []
+        free = [i for i, s in enumerate(slots) if not s.fixed and s.max_depth > 0]
+        depths = [s.max_depth if s.fixed else 0 for s in slots]
+        if not free:
+            return depths
+        explore = self.num_steps % self.explore_every
+        unmeasured = not (self.verify_cost.measured and self.draft_cost.measured)
+        if unmeasured or explore == 0:  # full speculation: measures its costs and acceptance
+            for i in free:
+                depths[i] = slots[i].max_depth
+            return depths
+        if explore == self.explore_every // 2:  # all off: measures the plain-decoding side
+            return depths
+        prior = self.acceptance.global_rates()
+        K = max(slots[i].max_depth for i in free)
+        rates = np.array([self.acceptance.rates(slots[i].seq_id, prior)[:K] for i in free])
+        gains = np.cumprod(rates, axis=1)
+        fixed_extra = sum(d for d in depths)
+        chosen, self.last_goodput = choose_depths(
+            gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
+            self.verify_cost, self.draft_cost)
+        for i, d in zip(free, chosen.tolist()):
+            depths[i] = int(d)
+        return depths
+
+    def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
+        self.acceptance.record(seq_id, depth, num_accepted)
+
+    def observe_verify(self, num_tokens: int, seconds: float) -> None:
+        self.verify_cost.observe(num_tokens, seconds)
+
+    def observe_draft(self, num_seqs: int, depth: int, seconds: float) -> None:
+        if depth > 0 and num_seqs > 0:
+            self.draft_cost.observe(num_seqs, seconds / depth)
+
+    def release(self, seq_id: int) -> None:
+        self.acceptance.release(seq_id)

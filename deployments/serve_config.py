@@ -1,0 +1,69 @@
+"""What a Serve application of specray is built from: the engine config plus the serving knobs.
+
+``ServeArgs`` is the ``args:`` block of an application in a Serve config file
+(``ray_configs/serve_*.yaml``, ``import_path: deployments.app:app_builder``) and what
+``specray serve`` builds from its flags. Unknown keys are errors, so a typo in a YAML file fails
+at deploy time with the key named instead of being silently ignored.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.config import EngineConfig
+
+
+class AutoscalingArgs(BaseModel):
+    """Ray Serve ``autoscaling_config`` of the engine deployment (the fields specray sets)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(8.0, gt=0)
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_range(self):
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas={self.max_replicas} is below min_replicas={self.min_replicas}")
+        return self
+
+    def to_serve(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+class ServeArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    served_model_name: str | None = Field(None, description="name clients pass as `model`; default engine.model")
+    # Authorization: Bearer <key> required on /v1/* when set; api_key_env names an environment
+    # variable holding it (so keys stay out of YAML files).
+    api_key: str | None = None
+    api_key_env: str | None = None
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="larger bodies get 413")
+    # Admission: requests beyond max_ongoing_requests per replica wait in Serve's queue (at most
+    # max_queued_requests); beyond that they are answered 429/503 with Retry-After, never a hang.
+    max_ongoing_requests: int = Field(16, ge=1)
+    max_queued_requests: int = Field(32, ge=0)
+    retry_after_s: int = Field(1, ge=1)
+    num_replicas: int = Field(1, ge=1, description="fixed replica count when autoscaling is not set")
+    autoscaling: AutoscalingArgs | None = None
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    graceful_shutdown_timeout_s: float = Field(30.0, ge=0, description="in-flight streams finish within this")
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.engine.model
+
+    def resolved_api_key(self) -> str | None:
+        import os
+
+        if self.api_key:
+            return self.api_key
+        return os.environ.get(self.api_key_env) or None if self.api_key_env else None

@@ -1,0 +1,158 @@
+"""Adaptive speculation policy: the math is exact against brute force, estimates converge, and the
+policy turns speculation off when it cannot pay and fully on when it clearly does."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.spec_policy import (AcceptanceEstimator, CostTable, DecodeSlot, SpecPolicy, choose_depths,
+                                expected_tokens)
+
+
+def test_expected_tokens():
+    assert expected_tokens([1.0, 1.0, 1.0], 3) == 4.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
+    assert expected_tokens([0.9, 0.9], 0) == 1.0
+
+
+def _goodput(gains, depths, base, verify, draft):
+    B = len(depths)
+    tokens = B + sum(float(gains[b, :d].sum()) for b, d in enumerate(depths))
+    n_draft = sum(1 for d in depths if d)
+    t = verify(base + sum(depths)) + (max(depths) * draft(n_draft) if n_draft else 0.0)
+    return tokens / t
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), K=st.integers(1, 4), seed=st.integers(0, 10_000),
+       a=st.floats(0.005, 0.05), b=st.floats(0.0, 0.01), c=st.floats(0.0, 0.02))
+def test_choose_depths_matches_brute_force(B, K, seed, a, b, c):
+    """Affine verify cost and a per-round draft cost: the chosen depths reach the optimum goodput."""
+    rng = np.random.default_rng(seed)
+    gains = np.cumprod(rng.uniform(0.0, 1.0, size=(B, K)), axis=1)
+    max_depths = rng.integers(0, K + 1, size=B)
+    verify = lambda n: a + b * n  # noqa: E731
+    draft = lambda n: c  # noqa: E731
+    depths, rate = choose_depths(gains, max_depths, B, verify, draft)
+    assert all(0 <= d <= m for d, m in zip(depths, max_depths))
+    assert rate == pytest.approx(_goodput(gains, list(depths), B, verify, draft), rel=1e-6)
+    best = max(_goodput(gains, list(ds), B, verify, draft)
+               for ds in itertools.product(*[range(m + 1) for m in max_depths]))
+    assert rate >= best * (1 - 1e-6)
+
+
+def test_compute_bound_low_acceptance_turns_speculation_off():
+    """Time proportional to tokens: a chain with rates < 1 brings fewer tokens than it costs."""
+    gains = np.cumprod(np.full((8, 5), 0.6), axis=1)
+    depths, _ = choose_depths(gains, np.full(8, 5), 8, lambda n: 0.002 * n, lambda n: 0.0)
+    assert depths.tolist() == [0] * 8
+
+
+def test_memory_bound_high_acceptance_takes_full_depth():
+    gains = np.cumprod(np.full((2, 5), 0.9), axis=1)
+    depths, rate = choose_depths(gains, np.full(2, 5), 2, lambda n: 0.04, lambda n: 0.001)
+    assert depths.tolist() == [5, 5]
+    assert rate > 2 / 0.04
+
+
+def test_expensive_draft_shortens_or_stops_the_chain():
+    gains = np.cumprod(np.full((1, 5), 0.7), axis=1)
+    flat = lambda n: 0.04  # noqa: E731
+    cheap, _ = choose_depths(gains, np.array([5]), 1, flat, lambda n: 0.001)
+    mid, _ = choose_depths(gains, np.array([5]), 1, flat, lambda n: 0.01)
+    dear, _ = choose_depths(gains, np.array([5]), 1, flat, lambda n: 0.05)
+    assert cheap[0] == 5 and 0 < mid[0] < 5 and dear[0] == 0
+
+
+def test_acceptance_estimates_converge_to_true_conditional_rates():
+    true = [0.8, 0.5, 0.2]
+    est = AcceptanceEstimator(3, global_decay=1.0)
+    rng = random.Random(0)
+    for i in range(3000):
+        n = 0
+        while n < 3 and rng.random() < true[n]:
+            n += 1
+        est.record(seq_id=i % 7, depth=3, num_accepted=n)
+    assert est.global_rates() == pytest.approx(true, abs=0.04)
+    assert est.rates(0) == pytest.approx(true, abs=0.1)  # own counts + the prior
+    est.release(0)
+    assert est.rates(0) == est.global_rates()
+
+
+def test_acceptance_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="num_accepted=4"):
+        AcceptanceEstimator(3).record(1, depth=3, num_accepted=4)
+
+
+def test_per_sequence_estimates_separate_easy_and_hard_sequences():
+    est = AcceptanceEstimator(4)
+    for _ in range(50):
+        est.record(1, 4, 4)
+        est.record(2, 4, 0)
+    assert est.rates(1)[0] > 0.9 and est.rates(2)[0] < 0.15
+
+
+def test_cost_table_interpolates_and_extrapolates_pessimistically():
+    t = CostTable(alpha=1.0)
+    assert t(10) == 0.0 and not t.measured
+    t.observe(4, 0.04)
+    assert t(8) == pytest.approx(0.08)  # one point: proportional above
+    t.observe(64, 0.10)
+    assert t(1) == pytest.approx(0.04)  # flat below
+    assert 0.04 < t(32) < 0.10
+    assert t(124) == pytest.approx(0.16)  # the last slope above
+    t.observe(60, 0.2)  # same bucket as 64: averaged, not a new point
+    assert len(t.buckets) == 2
+    t.observe(-1, 1.0)
+    t.observe(5, float("nan"))
+    assert len(t.buckets) == 2
+
+
+def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, steps: int, rng) -> list[int]:
+    """Run the policy against a simulated engine; returns the mean depth chosen per step."""
+    means = []
+    for step in range(steps):
+        slots = [DecodeSlot(seq_id=s, max_depth=5) for s in range(batch)]
+        depths = policy.choose(slots, base_tokens=batch)
+        for s, d in enumerate(depths):
+            n = 0
+            while n < d and rng.random() < accept_rate:
+                n += 1
+            policy.record(s, d, n)
+        policy.observe_verify(batch + sum(depths), verify(batch + sum(depths)))
+        if any(depths):
+            policy.observe_draft(sum(1 for d in depths if d), max(depths), max(depths) * draft(batch))
+        means.append(sum(depths) / batch)
+    return means
+
+
+def test_policy_turns_speculation_off_under_compute_bound_load():
+    policy = SpecPolicy(max_depth=5, explore_every=32)
+    means = _drive(policy, lambda n: 0.001 * n, lambda b: 0.0005 * b, 0.5, 32, 200, random.Random(1))
+    steady = [m for i, m in enumerate(means[64:], start=65) if i % 32 not in (0, 16)]
+    assert max(steady) == 0.0
+    assert sum(m == 5 for m in means) >= 5  # exploration keeps measuring full speculation
+
+
+def test_policy_speculates_fully_when_memory_bound_and_accepting():
+    policy = SpecPolicy(max_depth=5)
+    means = _drive(policy, lambda n: 0.04 + 0.0001 * n, lambda b: 0.001, 0.9, 1, 200, random.Random(2))
+    steady = [m for i, m in enumerate(means[64:], start=65) if i % 32 != 16]
+    assert min(steady) == 5.0
+
+
+def test_fixed_and_disabled_slots_are_left_alone():
+    policy = SpecPolicy(max_depth=5)
+    for _ in range(3):
+        policy.observe_verify(1, 0.01)
+        policy.observe_verify(64, 0.64)
+        policy.observe_draft(1, 1, 0.005)
+    slots = [DecodeSlot(1, 3, fixed=True), DecodeSlot(2, 0), DecodeSlot(3, 5)]
+    for _ in range(40):
+        depths = policy.choose(slots, base_tokens=3)
+        assert depths[0] == 3 and depths[1] == 0 and 0 <= depths[2] <= 5

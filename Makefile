@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 serve: $(STAMP)
-	$(BIN)/specray serve --draft ngram
+	$(BIN)/specray serve --config ray_configs/serve_local.yaml
 
 clean:
 	rm -rf $(VENV)

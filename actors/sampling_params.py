@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's cap for chat top_logprobs)
+
 
 class SamplingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -16,6 +18,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     # Speculation override for this request: None = engine policy, 0 = off, K = fixed chain length.
     spec_tokens: int | None = Field(None, ge=0)
+    # Log-probabilities of the emitted tokens (raw target distribution) plus this many alternatives
+    # each; None = not computed (no cost).
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop", mode="before")
     @classmethod

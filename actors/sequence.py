@@ -56,7 +56,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
-        "generator", "spec", "num_preemptions", "text_offset", "error",
+        "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
@@ -76,6 +76,8 @@ class Sequence:
         self.num_preemptions = 0
         self.text_offset = 0  # characters of output text already streamed
         self.error: str | None = None
+        # one actors.logprobs.TokenLogprob per output token when params.logprobs is set, else None
+        self.logprobs: list | None = None if params.logprobs is None else []
 
     @property
     def num_tokens(self) -> int:

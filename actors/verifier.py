@@ -71,10 +71,17 @@ class Verifier:
     def forward_logits(self, chunks: list[SeqChunk], logit_rows: list[int],
                        num_layers: int | None = None) -> torch.Tensor:
         """chunks: one per sequence; logit_rows: flat token indices needing logits -> [M, V] fp32."""
+        return self.forward_logits_and_hidden(chunks, logit_rows, num_layers)[0]
+
+    @torch.inference_mode()
+    def forward_logits_and_hidden(self, chunks: list[SeqChunk], logit_rows: list[int],
+                                  num_layers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As forward_logits, plus the final-normed hidden states of every token [N, hidden]:
+        the features an EAGLE-style draft head reads (computed anyway, so they cost nothing)."""
         batch = build_forward_batch(chunks, self.block_size, self.device)
         hidden = self.model(batch, self.kv_caches, num_layers=num_layers)  # [N, hidden]
         rows = torch.tensor(logit_rows, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, rows)).float()
+        return self.model.compute_logits(hidden.index_select(0, rows)).float(), hidden
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
         """Move K/V of accepted tree nodes to their sequence's logical positions (all layers)."""

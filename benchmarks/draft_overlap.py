@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.runner import DEFAULT_PROMPTS, load_prompts
+from benchmarks.prompt_set import CHAT20_PROMPTS, load_prompts
 
 
 def _args(argv=None):
@@ -31,7 +31,7 @@ def _args(argv=None):
     p.add_argument("--draft-threads", type=int, default=1, help="torch threads inside the drafter actor")
     p.add_argument("--micro-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--repeat", type=int, default=2, help="runs per mode, alternating; medians compared")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
+    p.add_argument("--prompts", default=str(CHAT20_PROMPTS))
     return p.parse_args(argv)
 
 

@@ -1,159 +1,108 @@
-"""`specray bench`: run a prompt set through the in-process engine with several proposers and
-concurrencies (plus transformers' own greedy generate as the peer), and print figures.
+"""`specray bench`: the sweep over methods x K x temperature x concurrency on a prompt set, in
+process (every engine on the same loaded weights) or against an OpenAI-compatible ``--url``, with
+per-category figures, optional transformers peers, and JSON + Markdown + PNG output.
 
-Every method runs in the same process on the same loaded weights; tokens/s = output tokens of
-the whole set / wall time of the whole set (prompts served as one continuous batch, at most
-``concurrency`` in flight)."""
+tokens/s = output tokens of the whole set / wall time of the whole set (prompts served as one
+continuous batch, at most ``concurrency`` in flight); speedups are against the no-speculation
+baseline measured in the same run at the same concurrency and temperature.
+"""
 from __future__ import annotations
 
 import json
-import platform
-import statistics
-import time
-from dataclasses import asdict, dataclass
+import sys
 from pathlib import Path
 
-import torch
-
-DEFAULT_PROMPTS = Path(__file__).parent / "prompts" / "chat20.jsonl"
-
-
-@dataclass
-class BenchResult:
-    method: str
-    concurrency: int
-    num_prompts: int
-    output_tokens: int
-    wall_s: float
-    tokens_per_s: float
-    acceptance_rate: float | None
-    mean_accepted_length: float | None
-    ttft_p50_s: float | None
-    e2e_p50_s: float | None
-    speedup: float | None = None  # vs the no-speculation engine at the same concurrency
-
-
-def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    items = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return items[:limit] if limit else items
-
-
-def _spec_figures(outs) -> tuple[float | None, float | None]:
-    drafts = sum(o.num_drafts for o in outs)
-    draft_tokens = sum(o.num_draft_tokens for o in outs)
-    accepted = sum(o.num_accepted_tokens for o in outs)
-    if not draft_tokens:
-        return None, None
-    return accepted / draft_tokens, 1.0 + accepted / drafts
-
-
-def run_engine(loaded, draft: str, concurrency: int, items: list[dict], max_tokens: int,
-               spec_tokens: int, tree=None, threads: int | None = None) -> BenchResult:
-    from actors.sampling_params import SamplingParams
-    from cluster.config import EngineConfig, SpeculativeConfig
-    from cluster.engine import LLMEngine
-
-    spec = SpeculativeConfig.from_draft_arg(draft, spec_tokens, tree)
-    eng = LLMEngine(EngineConfig(speculative=spec, num_threads=threads), loaded=loaded)
-    prompts = [it.get("messages") or it["prompt"] for it in items]
-    params = SamplingParams(max_tokens=max_tokens)
-    eng.generate(prompts[:1], SamplingParams(max_tokens=8), chat=True)  # warm-up
-    start = time.perf_counter()
-    outs = eng.generate(prompts, params, chat=True, concurrency=concurrency)
-    wall = time.perf_counter() - start
-    ntok = sum(o.num_output_tokens for o in outs)
-    rate, mal = _spec_figures(outs)
-    return BenchResult(draft, concurrency, len(items), ntok, wall, ntok / wall, rate, mal,
-                       statistics.median(o.ttft_s for o in outs), statistics.median(o.e2e_s for o in outs))
-
-
-def run_transformers_generate(loaded, items: list[dict], max_tokens: int) -> BenchResult:
-    """The peer: transformers' own greedy generate, one prompt at a time, same weights (fp32)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=torch.float32).eval()
-    tok = loaded.tokenizer
-    encoded = []
-    for it in items:
-        msgs = it.get("messages") or [{"role": "user", "content": it["prompt"]}]
-        ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-        encoded.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    gen = dict(do_sample=False, max_new_tokens=max_tokens, pad_token_id=tok.eos_token_id)
-    with torch.inference_mode():
-        model.generate(torch.tensor([encoded[0]]), **{**gen, "max_new_tokens": 8})  # warm-up
-        start = time.perf_counter()
-        lat, ntok = [], 0
-        for ids in encoded:
-            t0 = time.perf_counter()
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), **gen)
-            ntok += out.shape[1] - len(ids)
-            lat.append(time.perf_counter() - t0)
-        wall = time.perf_counter() - start
-    return BenchResult("transformers.generate", 1, len(items), ntok, wall, ntok / wall, None, None,
-                       None, statistics.median(lat))
-
-
-def add_speedups(results: list[BenchResult]) -> None:
-    base = {r.concurrency: r.tokens_per_s for r in results if r.method == "none"}
-    for r in results:
-        if r.concurrency in base and r.method != "transformers.generate":
-            r.speedup = r.tokens_per_s / base[r.concurrency]
-
-
-def markdown_table(results: list[BenchResult]) -> str:
-    head = ("| method | concurrency | output tokens | wall s | tokens/s | speedup vs none | acceptance rate "
-            "| mean accepted length | TTFT p50 s | E2E p50 s |\n|---|---|---|---|---|---|---|---|---|---|")
-    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
-    rows = [f"| {r.method} | {r.concurrency} | {r.output_tokens} | {r.wall_s:.1f} | {r.tokens_per_s:.2f} | "
-            f"{fmt(r.speedup, '{:.2f}x')} | {fmt(r.acceptance_rate)} | {fmt(r.mean_accepted_length)} | "
-            f"{fmt(r.ttft_p50_s, '{:.3f}')} | {fmt(r.e2e_p50_s)} |" for r in results]
-    return "\n".join([head, *rows])
-
-
-def machine_line(threads: int) -> str:
-    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads "
-            f"(requested {threads}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-
-
-def run_bench(args) -> list[BenchResult]:
-    from actors.model.loader import load_model
-
-    items = load_prompts(args.prompts, args.limit)
-    loaded = load_model(args.model, dtype=torch.float32)
-    results = []
-    for c in args.concurrency:
-        for draft in args.draft:
-            r = run_engine(loaded, draft, c, items, args.max_tokens, args.spec_tokens, args.tree, args.threads)
-            print(f"# {draft} c={c}: {r.tokens_per_s:.2f} tok/s", flush=True)
-            results.append(r)
-    if args.peers:
-        results.append(run_transformers_generate(loaded, items, args.max_tokens))
-    add_speedups(results)
-    return results
+from benchmarks.options import (add_common_args, check_counts, check_tree, engine_options, parse_float_list,
+                                parse_int_list, parse_methods, select_prompts)
+from benchmarks.results import add_speedups, run_row
+from benchmarks.sweep import iter_runs, plan_groups
 
 
 def add_bench_parser(sub) -> None:
-    b = sub.add_parser("bench", help="measure tokens/s per proposer and concurrency (prints a table)")
-    b.add_argument("--model", default="smollm2-135m")
-    b.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with messages or prompt")
-    b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
-    b.add_argument("--draft", type=lambda s: s.split(","), default=["none", "ngram", "layerskip:8"])
-    b.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
-    b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--spec-tokens", type=int, default=5)
-    b.add_argument("--tree", default=None)
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--peers", action="store_true", help="also run transformers' greedy generate")
-    b.add_argument("--json", default=None, help="write results to this JSON file")
+    b = sub.add_parser("bench", help="measure speedup per method, K, temperature and concurrency")
+    add_common_args(b, concurrency="1,8", spec_tokens="5")
+    b.add_argument("--draft", default=None, metavar="M1,M2,...",
+                   help="methods: none | ngram | layerskip:N | draft model (default ngram,layerskip:8); "
+                        "the no-speculation baseline is always measured")
+    b.add_argument("--temperature", default="0", metavar="T1,T2,...", help="sampling temperatures (seeded)")
+    b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
+    b.add_argument("--peers", action="store_true",
+                   help="also run transformers' generate: plain, prompt lookup, assisted (draft models)")
+    b.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md and PNG plots here")
+
+
+def _command(args, methods: list[str], prompts_path: Path) -> str:
+    """The run as an explicit command line (defaults spelled out), for the report."""
+    parts = ["specray bench", f"--prompts {prompts_path}"]
+    parts += [f"--sample {args.sample} --seed {args.seed}"] if args.sample else []
+    parts += [f"--url {args.url}"] if args.url else [f"--model {args.model}", f"--draft {','.join(methods)}"]
+    parts += [f"--concurrency {args.concurrency}", f"--temperature {args.temperature}",
+              f"--spec-tokens {args.spec_tokens}", f"--warmup {args.warmup}"]
+    parts += [f"--tree {args.tree}"] if args.tree else []
+    parts += [f"--max-tokens {args.max_tokens}"] if args.max_tokens else []
+    parts += [f"--threads {args.threads}"] if args.threads else []
+    parts += [f"--kv-cache-gb {args.kv_cache_gb:g}"] if args.kv_cache_gb else []
+    parts += ["--peers"] if args.peers else []
+    return " ".join(parts)
+
+
+def _backend(args):
+    if args.url:
+        from benchmarks.http_bench import HttpBackend
+
+        b = HttpBackend(args.url, args.max_tokens, args.seed, args.warmup)
+        return b, [b.server_model]
+    from benchmarks.engine_bench import EngineBackend
+
+    return EngineBackend(args.model, args.max_tokens, args.seed, args.warmup, engine_options(args)), None
 
 
 def cmd_bench(args) -> int:
-    for c in args.concurrency:
-        if c < 1:
-            raise ValueError(f"--concurrency {c}: must be at least 1")
-    results = run_bench(args)
-    print(f"\nmachine: {machine_line(args.threads or 0)}")
-    print(markdown_table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+    check_counts(args)
+    if args.url and (args.draft or args.tree):
+        raise ValueError(f"--url {args.url}: the method is the server's; drop --draft/--tree")
+    methods = parse_methods(args.draft or "ngram,layerskip:8")
+    concurrency = parse_int_list("--concurrency", args.concurrency)
+    temperatures = parse_float_list("--temperature", args.temperature)
+    spec_tokens = parse_int_list("--spec-tokens", args.spec_tokens)
+    tree = check_tree(args.tree)
+    prompts_path, prompts = select_prompts(args.prompts, args.sample, args.seed)
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir}: exists and is not a directory")
+    backend, server_methods = _backend(args)
+    methods = server_methods or methods
+    groups = plan_groups(methods, spec_tokens, tree)
+    rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temperatures, concurrency)]
+    add_speedups(rows)
+    peers = _peers(args, prompts, methods, spec_tokens, rows) if args.peers else []
+    from benchmarks.report import document, markdown
+
+    settings = {"backend": args.url or "in-process", "max_tokens": args.max_tokens or "per prompt",
+                "warmup": args.warmup, "seed": args.seed}
+    doc = document(rows, prompts_path, prompts, settings, _command(args, methods, prompts_path), peers)
+    md = markdown(doc)
+    if out_dir is not None:
+        _write(out_dir, doc, md, rows)
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else md)
     return 0
+
+
+def _peers(args, prompts, methods, spec_tokens, rows) -> list[dict]:
+    from benchmarks.peers import attach_ratios, run_peers
+
+    print("# peers: transformers generate (batch 1, greedy)", file=sys.stderr, flush=True)
+    peers = run_peers(args.model, prompts, args.max_tokens, methods, spec_tokens, args.threads)
+    attach_ratios(peers, rows)
+    return [p.to_dict() for p in peers]
+
+
+def _write(out_dir: Path, doc: dict, md: str, rows: list[dict]) -> None:
+    from benchmarks.plots import write_plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    (out_dir / "bench.md").write_text(md, encoding="utf-8")
+    plots = write_plots(rows, out_dir)
+    print(f"# wrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'}, {', '.join(p.name for p in plots)}",
+          file=sys.stderr, flush=True)

@@ -18,7 +18,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     from cluster.config import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF dir or .gguf file")
-    p.add_argument("--draft", default="none", help="none | ngram | layerskip:N | path of a draft model")
+    p.add_argument("--draft", default="none", help="none | ngram | layerskip:N | default (the committed EAGLE head "
+                   "of the default model) | eagle:PATH (an EAGLE head file) | path of a draft model")
     p.add_argument("--spec-tokens", type=int, default=5, help="K: draft tokens per step (chain)")
     p.add_argument("--tree", default=None, help="expansion config, e.g. 1,1,3,1,1 (replaces the chain)")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -57,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafters", type=int, default=0, help="drafter worker actors (with --ray)")
     g.add_argument("--allow-no-spec", action="store_true", help="serve without speculation if the drafter fails to load")
     from benchmarks.runner import add_bench_parser
+    from benchmarks.tune import add_tune_parser
 
     add_bench_parser(sub)
+    add_tune_parser(sub)
     from cluster.serve_cli import add_serve_parser
 
     add_serve_parser(sub)
@@ -175,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from benchmarks.runner import cmd_bench
+        from benchmarks.tune import cmd_tune
         from cluster.serve_cli import cmd_serve
 
-        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve}
+        return commands[args.command](args)
     except ValidationError as e:
         from cluster.config import format_validation_error
 

@@ -13,16 +13,18 @@ DEFAULT_MODEL = "smollm2-135m"
 class SpeculativeConfig(BaseModel):
     """What proposes draft tokens and how many.
 
-    ``method``: none | ngram | layerskip | draft. ``num_spec_tokens`` (K) is the chain length;
-    ``tree`` (an expansion config such as 1,1,3,1,1) replaces the chain with a token tree."""
+    ``method``: none | ngram | layerskip | draft | eagle. ``num_spec_tokens`` (K) is the chain length;
+    ``tree`` (an expansion config such as 1,1,3,1,1) replaces the chain with a token tree.
+    ``eagle_head``: an EAGLE head file (actors/eagle); None = the head committed for the model."""
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["none", "ngram", "layerskip", "draft"] = "none"
+    method: Literal["none", "ngram", "layerskip", "draft", "eagle"] = "none"
     num_spec_tokens: int = Field(5, ge=0, le=64)
     tree: list[int] | None = None
     layerskip_layers: int | None = Field(None, ge=1)
     draft_model: str | None = None
+    eagle_head: str | None = None
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
 
@@ -53,11 +55,19 @@ class SpeculativeConfig(BaseModel):
 
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None) -> "SpeculativeConfig":
-        """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N`` or a draft model path/alias."""
+        """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (the committed
+        EAGLE head of the model), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
         draft = (draft or "none").strip()
         kw = dict(num_spec_tokens=num_spec_tokens, tree=tree)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
+        if draft in ("default", "eagle"):
+            return cls(method="eagle", **kw)
+        if draft.startswith("eagle:"):
+            path = draft.partition(":")[2].strip()
+            if not path:
+                raise ValueError(f"draft {draft!r}: expected eagle:PATH with PATH an EAGLE head file (.safetensors)")
+            return cls(method="eagle", eagle_head=path, **kw)
         if draft.startswith("layerskip"):
             _, _, n = draft.partition(":")
             if not n.isdigit() or int(n) < 1:

@@ -12,7 +12,9 @@ import os
 import torch
 
 from actors.drafter import DraftRequest
+from actors.eagle.proposer import observe_committed
 from actors.kv_service import KVService
+from actors.logprobs import record_logprobs
 from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_sampling
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
@@ -20,6 +22,7 @@ from actors.sequence import Sequence, SeqStatus
 from actors.tree import TokenTree, expansion_num_nodes
 from actors.verifier import SeqChunk, Verifier
 from cluster.config import EngineConfig
+from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
 from cluster.proposers import build_proposer
@@ -30,11 +33,12 @@ log = logging.getLogger("specray.engine")
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None,
-                 proposer=None):
+                 proposer=None, metrics: EngineMetrics | None = None):
         """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
         Verifier's interface (e.g. a Ray tensor-parallel shard group), else a local Verifier;
         kv: a KV service client (e.g. the replica's allocator actor), else a local KVService;
-        proposer: e.g. drafter worker actors, else built from config.speculative."""
+        proposer: e.g. drafter worker actors, else built from config.speculative;
+        metrics: where this engine's Prometheus metrics go (default: a registry of its own)."""
         from actors.model.loader import load_model
 
         self.config = config
@@ -58,6 +62,9 @@ class LLMEngine:
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
         self.proposer = proposer or (build_proposer(spec, self, draft_loaded) if spec.enabled else None)
+        self._needs_hidden = getattr(self.proposer, "needs_hidden", False)
+        self.metrics = metrics or EngineMetrics()
+        self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
@@ -113,17 +120,27 @@ class LLMEngine:
             self._release_draft(seq)
         if not sched.scheduled:
             return []
+        t0 = _now()
         trees = self._propose(sched.scheduled)
+        t1 = _now()
         chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
+        hidden = None
         try:
-            logits = self.verifier.forward_logits(chunks, rows)
+            if self._needs_hidden:  # an EAGLE-style proposer reads the target's features
+                logits, hidden = self.verifier.forward_logits_and_hidden(chunks, rows)
+            else:
+                logits = self.verifier.forward_logits(chunks, rows)
         except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
             log.exception("target forward failed")
             if self._restart_verifier():
                 return []
             return [self._finish_now(s.seq, "error", f"target forward failed: {e}") for s in sched.scheduled]
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
+        computed = {s.seq.seq_id: s.seq.num_computed for s in sched.scheduled}
         self._apply(sched.scheduled, trees, spans, logits)
+        if hidden is not None:
+            observe_committed(self.proposer, sched.scheduled, chunks, trees, computed, hidden)
+        self.metrics.observe_step(t1 - t0 if trees else None, _now() - t1)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
 
@@ -210,6 +227,8 @@ class LLMEngine:
                 if nrows:
                     tok = argmax[r0] if seq.params.greedy else sample_next(logits[r0], seq.params, seq.generator)
                     self._append(seq, [tok])
+                    if seq.logprobs is not None:
+                        record_logprobs(seq, logits, [r0], [tok])
                 continue
             tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
             res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax[r0:r0 + nrows])
@@ -221,6 +240,8 @@ class LLMEngine:
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
             self._append(seq, res.accepted_tokens + [res.next_token])
+            if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
+                record_logprobs(seq, logits, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
         self.verifier.copy_slots(src, dst)
         for s in scheduled:
             self._check_stop_strings(s.seq)
@@ -275,8 +296,9 @@ class LLMEngine:
             cut = self.detok.find_stop(seq, text)
             text = text if cut is None else text[:cut]
         out = make_output(seq, text, self.detok.streamable_len(seq, text), prev_tokens)
-        if seq.is_finished:
-            self.seqs.pop(seq.request_id, None)
+        if seq.is_finished and self.seqs.pop(seq.request_id, None) is None:
+            return out  # already emitted as finished (a failed overlap micro-batch): counted once
+        self.metrics.record_output(out)
         return out
 
     # ---- convenience --------------------------------------------------------------------

@@ -25,11 +25,14 @@ class RequestOutput:
     ttft_s: float | None = None
     e2e_s: float | None = None
     error: str | None = None
+    # actors.logprobs.TokenLogprob of this step's new tokens (aligned with delta_token_ids); None
+    # unless the request asked for logprobs. A delta only: whole lists would cost O(n^2) to stream.
+    delta_logprobs: list | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.pop("delta_text")
-        d.pop("delta_token_ids")
+        for delta in ("delta_text", "delta_token_ids", "delta_logprobs"):
+            d.pop(delta)
         return d
 
 
@@ -84,4 +87,5 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
         e2e_s=(seq.finish_time or now) - seq.arrival_time if seq.is_finished else None,
         error=seq.error,
+        delta_logprobs=None if seq.logprobs is None else seq.logprobs[prev_tokens:],
     )

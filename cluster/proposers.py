@@ -22,4 +22,8 @@ def build_proposer(spec: SpeculativeConfig, engine, draft_loaded=None) -> Propos
         runner = Verifier(draft.model, engine.verifier.num_blocks, engine.config.block_size,
                           engine.device, engine.dtype)
         return DraftModelProposer(runner)
+    if spec.method == "eagle":
+        from actors.eagle.proposer import build_eagle_proposer
+
+        return build_eagle_proposer(spec.eagle_head, engine.config.model, engine.verifier)
     raise ValueError(f"speculative method {spec.method!r} has no proposer")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import ray
 
-from actors.kv_service import KVEntry, KVPlan, KVService, Settle
+from actors.kv_service import KVEntry, KVPlan, Settle
 from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
 
@@ -60,26 +60,41 @@ def load_model_meta(spec: str):
     return LoadedModel(None, load_tokenizer(model_dir), ModelConfig.from_dir(model_dir), model_dir)
 
 
+def build_replica_engine(config: EngineConfig, opts: RayOptions):
+    """An LLMEngine whose verifier is a tensor-parallel shard group, whose allocator is an actor and
+    whose proposer may be drafter workers; the caller's process runs only the step loop (the
+    scheduler actor here, or a Serve replica)."""
+    from cluster.engine import LLMEngine
+    from cluster.replica_parts import build_kv_actor, build_proposer_for, build_verifier_group
+
+    meta = load_model_meta(config.model)
+    verifier = build_verifier_group(config, meta, opts)
+    try:
+        kv = RemoteKV(build_kv_actor(verifier.num_blocks, config, opts))
+        config = config.model_copy(update={"num_kv_blocks": verifier.num_blocks})
+        proposer = build_proposer_for(config, verifier, meta, opts)
+        if proposer is None:  # speculation off (or its drafter failed with allow_no_spec)
+            config = config.model_copy(update={"speculative": SpeculativeConfig()})
+        return LLMEngine(config, loaded=meta, verifier=verifier, kv=kv, proposer=proposer)
+    except BaseException:  # a replica that fails to start leaves no actors or bundles behind
+        _shutdown_verifier(verifier)
+        raise
+
+
+def shutdown_replica_engine(engine) -> None:
+    """Stop what build_replica_engine started: drafter workers and the shard group."""
+    if engine.proposer is not None and hasattr(engine.proposer, "shutdown"):
+        engine.proposer.shutdown()
+    _shutdown_verifier(engine.verifier)
+
+
 class SchedulerActor:
     """Runs in its own Ray actor (async): builds the replica's other actors, then serves."""
 
     def __init__(self, config: EngineConfig, opts: RayOptions):
         from cluster.async_engine import AsyncLLMEngine
-        from cluster.engine import LLMEngine
-        from cluster.replica_parts import build_kv_actor, build_proposer_for, build_verifier_group
 
-        meta = load_model_meta(config.model)
-        verifier = build_verifier_group(config, meta, opts)
-        try:
-            kv = RemoteKV(build_kv_actor(verifier.num_blocks, config, opts))
-            config = config.model_copy(update={"num_kv_blocks": verifier.num_blocks})
-            proposer = build_proposer_for(config, verifier, meta, opts)
-            if proposer is None:  # speculation off (or its drafter failed with allow_no_spec)
-                config = config.model_copy(update={"speculative": SpeculativeConfig()})
-            self.engine = LLMEngine(config, loaded=meta, verifier=verifier, kv=kv, proposer=proposer)
-        except BaseException:  # a replica that fails to start leaves no actors or bundles behind
-            _shutdown_verifier(verifier)
-            raise
+        self.engine = build_replica_engine(config, opts)
         self.async_engine = AsyncLLMEngine(self.engine)
 
     async def generate(self, prompt, params: dict | None = None, chat: bool = False, request_id: str | None = None):
@@ -107,9 +122,7 @@ class SchedulerActor:
 
     def shutdown(self) -> None:
         self.async_engine.shutdown()
-        if self.engine.proposer is not None and hasattr(self.engine.proposer, "shutdown"):
-            self.engine.proposer.shutdown()
-        _shutdown_verifier(self.engine.verifier)
+        shutdown_replica_engine(self.engine)
 
 
 def _shutdown_verifier(verifier) -> None:

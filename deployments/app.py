@@ -1,128 +1,69 @@
 """OpenAI-compatible HTTP ingress (FastAPI behind Ray Serve) over the in-process async engine.
 
-``build_app(EngineConfig, **deployment_options)`` is the pure function from config to a Serve
-application: the replica builds an ``LLMEngine`` from the config and streams from an
-``AsyncLLMEngine`` over it. ``OpenAIServer`` holds the request logic and works without Serve.
+``build_app(ServeArgs)`` is the pure function from config to a Serve application, its deployment
+options derived from ``ServeArgs``; ``app_builder(dict)`` is the same for Serve config files
+(``import_path: deployments.app:app_builder``). The replica builds an ``LLMEngine`` from the config
+and streams from an ``AsyncLLMEngine`` over it; ``OpenAIServer`` (``deployments.openai_server``)
+holds the request logic and works without Serve.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
 (``stream: true`` answers SSE: ``data: {chunk}`` lines, then ``data: [DONE]``). Errors use the
 OpenAI error body. A client that goes away cancels the handler, which aborts the request and
 frees its KV blocks (cancelling the engine's async iterator does that).
+
+Operations: the API key and the body size are checked before the body is read
+(``deployments.http_guard``); overload is answered 429 by the replica's admission control, 503
+while the engine loop is dead or the replica drains, both with Retry-After. On delete or redeploy
+Serve stops routing to the replica and waits up to ``graceful_shutdown_timeout_s`` for requests in
+flight, so streams end normally with their finish reason and ``data: [DONE]``.
 """
 # No `from __future__ import annotations` here: FastAPI must see the request model classes, not strings
 # (Serve rebuilds the routes on the replica, where string annotations resolve to query parameters).
-import json
+import asyncio
 import logging
-import time
-from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.async_engine import AsyncLLMEngine
-from cluster.config import EngineConfig
-from cluster.outputs import RequestOutput
-from deployments.openai_api import (APIError, ChatCompletionRequest, CompletionRequest, _SamplingRequest,
-                                    completion_response, error_body, finish_reason_of, models_response, new_id,
-                                    stream_chunk, usage_chunk, validation_message)
+from cluster.config import format_validation_error
+from deployments.admission import Admission
+from deployments.grpc_ingress import GrpcGenerationMixin
+from deployments.http_guard import BodyTooLarge, GuardSettings, RequestGuard
+from deployments.http_metrics import HTTPCountMiddleware
+from deployments.http_metrics import bind as bind_http_metrics
+from deployments.metrics_hub import ReplicaMetricsPublisher
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_message
+from deployments.openai_server import EventStream, OpenAIServer
+from deployments.serve_config import ServeArgs
 
 log = logging.getLogger("specray.serve")
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-class OpenAIServer:
-    """Request logic of the ingress: model check, validation, engine call, response shapes."""
-
-    def __init__(self, aeng: AsyncLLMEngine, model_name: str, max_model_len: int):
-        self.aeng, self.model_name, self.max_model_len = aeng, model_name, max_model_len
-        self.created = int(time.time())
-
-    def models(self) -> dict:
-        return models_response(self.model_name, self.created)
-
-    def healthy(self) -> bool:
-        return not self.aeng._stopped and self.aeng._thread.is_alive()
-
-    async def handle(self, req: _SamplingRequest, chat: bool):
-        """A dict (non-streaming) or an async iterator of SSE lines (``req.stream``)."""
-        if req.model is not None and req.model != self.model_name:
-            raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
-        prompt = req.engine_prompt()
-        req.check_supported(self.max_model_len)
-        params = req.to_sampling_params()
-        rid = new_id("chatcmpl" if chat else "cmpl")
-        gen = self.aeng.generate(prompt, params, request_id=rid)
-        first = await self._first(gen, "messages" if chat else "prompt")
-        if req.stream:
-            return self._stream(gen, first, rid, chat, req.include_usage)
-        final = first
-        async for out in gen:  # a cancelled handler (client gone) aborts the request here
-            final = out
-        if final.finish_reason == "error":
-            raise APIError(500, f"generation failed: {final.error}", code="engine_error")
-        return completion_response(rid, self.model_name, final, chat)
-
-    @staticmethod
-    async def _first(gen, prompt_field: str) -> RequestOutput:
-        """The first output; bad input surfaces here, before any byte of the answer is sent."""
-        try:
-            return await gen.__anext__()
-        except ValueError as e:
-            msg = str(e)
-            code = "context_length_exceeded" if "context" in msg else None
-            raise APIError(400, f"{prompt_field}: {msg}", param=prompt_field, code=code) from None
-        except RuntimeError as e:
-            raise APIError(503, f"engine unavailable: {e}", code="engine_unavailable") from None
-
-    async def _stream(self, gen, first: RequestOutput, rid: str, chat: bool,
-                      include_usage: bool) -> AsyncIterator[str]:
-        created = int(time.time())
-        chunk = dict(rid=rid, model=self.model_name, chat=chat, created=created)
-        out = first
-        try:
-            if chat:
-                yield sse(stream_chunk(role=True, **chunk))
-            async for out in _chain(first, gen):
-                if out.finish_reason == "error":
-                    yield sse(error_body(f"generation failed: {out.error}", "internal_server_error",
-                                         code="engine_error"))
-                    break
-                if out.delta_text or out.finished:
-                    yield sse(stream_chunk(text=out.delta_text, finish_reason=finish_reason_of(out), **chunk))
-            if include_usage:
-                yield sse(usage_chunk(out=out, **chunk))
-            yield SSE_DONE
-        finally:
-            await gen.aclose()  # no-op when finished; aborts the request when the client went away
-
-
-async def _chain(first: RequestOutput, gen) -> AsyncIterator[RequestOutput]:
-    yield first
-    if not first.finished:
-        async for out in gen:
-            yield out
 
 
 # ---- FastAPI app and its error handlers ------------------------------------------------------
 app = FastAPI(title="specray", description="OpenAI-compatible LLM serving with speculative decoding")
 
 
-def _error_response(status: int, message: str, param=None, code=None, type_=None) -> JSONResponse:
+def _error_response(status: int, message: str, param=None, code=None, type_=None,
+                    retry_after_s: int | None = None) -> JSONResponse:
     type_ = type_ or APIError(status, message).type
-    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+    headers = None if retry_after_s is None else {"Retry-After": str(retry_after_s)}
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
 @app.exception_handler(APIError)
 async def _api_error(_: Request, e: APIError):
-    return _error_response(e.status, e.message, e.param, e.code, e.type)
+    return _error_response(e.status, e.message, e.param, e.code, e.type, e.retry_after_s)
+
+
+@app.exception_handler(BodyTooLarge)
+async def _body_too_large(_: Request, e: BodyTooLarge):
+    return _error_response(413, str(e.detail), code="request_too_large")
 
 
 @app.exception_handler(RequestValidationError)
@@ -147,30 +88,98 @@ async def _internal_error(_: Request, e: Exception):
     return _error_response(500, f"internal error: {type(e).__name__}: {e}")
 
 
-def _respond(result):
+class _SSEResponse(StreamingResponse):
+    """Closes its EventStream however the response ends (done, client gone, handler cancelled),
+    so the engine requests are aborted and the admission room comes back."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+def _respond(result: dict | EventStream):
     if isinstance(result, dict):
         return JSONResponse(result)
-    return StreamingResponse(result, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _SSEResponse(result, media_type="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@serve.deployment(name="OpenAIIngress", health_check_period_s=10, health_check_timeout_s=30)
+def serve_replica_draining() -> bool:
+    """Whether Serve has begun this replica's graceful shutdown (delete, redeploy, downscale).
+
+    Serve 2.60 has no public hook for it: its replica sets ``_shutting_down`` when the drain
+    starts, and the replica context's handle-registration callback closes over that replica. False
+    when that layout is not there (outside a replica, another Serve version); tests/test_http_ops.py
+    checks it against the installed Serve."""
+    from ray.serve.context import _get_internal_replica_context
+
+    callback = getattr(_get_internal_replica_context(), "_handle_registration_callback", None)
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            flag = getattr(cell.cell_contents, "_shutting_down", None)
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(flag, bool):
+            return flag
+    return False
+
+
+def _replica_guard() -> GuardSettings | None:
+    """The API key and body limit of the replica serving this request (None outside a replica)."""
+    from ray.serve.context import _get_internal_replica_context
+
+    ctx = _get_internal_replica_context()
+    return getattr(ctx.servable_object, "guard", None) if ctx is not None else None
+
+
+# Inside the metrics middleware (added after it), so its 401/413 answers are counted too.
+app.add_middleware(RequestGuard, settings=_replica_guard)
+
+
+# Added last, so outermost: it counts the answers of every other middleware too (401/413/429/503).
+# Must stay above @serve.ingress, which freezes a copy of the app.
+app.add_middleware(HTTPCountMiddleware)
+
+
+@serve.deployment(name="OpenAIIngress")  # options: deployment_options(ServeArgs)
 @serve.ingress(app)
-class OpenAIIngress:
-    """One replica: an in-process engine (model loaded from the config) behind the HTTP routes."""
+class OpenAIIngress(GrpcGenerationMixin):
+    """One replica behind the HTTP and gRPC routes: an in-process engine (the model in the replica),
+    or, with tensor_parallel_size > 1 / drafters, the step loop over verifier-shard and drafter
+    actors (deployments/engine_factory.py)."""
 
-    def __init__(self, config: dict):
-        from cluster.engine import LLMEngine
+    def __init__(self, args: dict):
+        from deployments.engine_factory import build_engine
 
-        cfg = EngineConfig.model_validate(config)
-        engine = LLMEngine(cfg)
-        self.server = OpenAIServer(AsyncLLMEngine(engine), cfg.model, engine.max_model_len)
+        sargs = ServeArgs.model_validate(args)
+        api_key = sargs.resolved_api_key()
+        if sargs.api_key_env and api_key is None:
+            raise ValueError(f"api_key_env={sargs.api_key_env!r}: that environment variable is not set on the "
+                             f"replica; set it there (e.g. runtime_env env_vars) or leave api_key_env out")
+        engine, self._stop_actors = build_engine(sargs)
+        admission = Admission(sargs.max_ongoing_requests, sargs.max_queued_requests, sargs.retry_after_s,
+                              sargs.queue_timeout_s)
+        self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,
+                                   api_key, draining=serve_replica_draining)
+        self.guard = GuardSettings(api_key, sargs.max_request_bytes)
+        bind_http_metrics(engine.metrics)
+        self.metrics_publisher = ReplicaMetricsPublisher.for_current_replica(engine.metrics)
 
     @app.get("/health")
     async def health(self):
-        if not self.server.healthy():
-            return _error_response(503, "engine is not running", code="engine_unavailable")
+        """200 while the replica takes requests; 503 when its engine loop is dead or it drains."""
+        reason = self.server.unavailable_reason()
+        if reason is not None:
+            return _error_response(503, reason, code="service_unavailable",
+                                   retry_after_s=self.server.admission.retry_after_s)
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(self):
+        """Prometheus text: the totals of all replicas of this deployment (no API key needed)."""
+        return Response(await asyncio.to_thread(self.metrics_publisher.render), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(self):
@@ -185,25 +194,74 @@ class OpenAIIngress:
         return _respond(await self.server.handle(req, chat=True))
 
     def engine_stats(self) -> dict:
-        """For tests and operators through a Serve handle: unfinished requests and free KV blocks."""
+        """For tests and operators through a Serve handle: unfinished requests, free KV blocks and
+        admission (sequences running, requests waiting)."""
         eng = self.server.aeng.engine
         alloc = eng.allocator
         return {"has_unfinished": eng.has_unfinished(),
                 "num_free_blocks": None if alloc is None else alloc.num_free_blocks,
-                "num_blocks": None if alloc is None else alloc.num_blocks}
+                "num_blocks": None if alloc is None else alloc.num_blocks,
+                "admission_running": self.server.admission.running,
+                "admission_waiting": self.server.admission.num_waiting}
 
     def check_health(self):
-        """Serve's replica health check: the engine thread must be alive."""
-        if not self.server.healthy():
+        """Serve's replica health check: the engine thread must be alive (draining is healthy:
+        failing it would make Serve kill the streams the drain is waiting for)."""
+        if not self.server.engine_alive:
             raise RuntimeError("engine loop is not running")
 
     def __del__(self):
+        publisher = getattr(self, "metrics_publisher", None)
+        if publisher is not None:
+            publisher.close()
         server = getattr(self, "server", None)
-        if server is not None:
+        if server is not None:  # Serve has waited for the requests in flight (graceful_shutdown_timeout_s)
+            server.begin_drain()
             server.aeng.shutdown(timeout=5.0)
+        stop = getattr(self, "_stop_actors", None)
+        if stop is not None:
+            stop()
 
 
-def build_app(config: EngineConfig, **deployment_options) -> serve.Application:
-    """Config to Serve application (pure): ``serve.run(build_app(EngineConfig(...)))``."""
-    dep = OpenAIIngress.options(**deployment_options) if deployment_options else OpenAIIngress
-    return dep.bind(config.model_dump(mode="json"))
+# Room above max_ongoing_requests + max_queued_requests in Serve's per-replica limit for requests
+# the replica turns away itself (429 with an OpenAI body and Retry-After).
+_REJECT_HEADROOM = 32
+
+
+def deployment_options(args: ServeArgs) -> dict:
+    """Serve options of the ingress deployment. Serve lets more requests into a replica than the
+    replica runs or queues, so that its ``Admission`` answers overload, in the OpenAI format.
+    Serve's own queue (per proxy) is only a backstop for floods: Serve counts a request as queued
+    while it picks a replica, so a small limit there would refuse bursts the replicas could take;
+    its refusals are plain-text 503s (Serve's proxy writes them) with Retry-After."""
+    serve_limit = args.max_ongoing_requests + args.max_queued_requests + _REJECT_HEADROOM
+    opts = {"max_ongoing_requests": serve_limit,
+            "max_queued_requests": serve_limit,
+            "backpressure_config": {"status_code": 503, "retry_after_s": args.retry_after_s},
+            "ray_actor_options": {"num_cpus": args.num_cpus, "num_gpus": args.num_gpus},
+            "graceful_shutdown_timeout_s": args.graceful_shutdown_timeout_s,
+            "health_check_period_s": args.health_check_period_s,
+            "health_check_timeout_s": args.health_check_timeout_s}
+    if args.autoscaling is not None:
+        opts["autoscaling_config"] = args.autoscaling.to_serve()
+    else:
+        opts["num_replicas"] = args.num_replicas
+    return opts
+
+
+def build_app(args: ServeArgs) -> serve.Application:
+    """ServeArgs to Serve application (pure): ``serve.run(build_app(ServeArgs(engine=EngineConfig(...))))``."""
+    if not isinstance(args, ServeArgs):
+        raise TypeError(f"build_app takes ServeArgs, got {type(args).__name__}; wrap an engine config as "
+                        f"ServeArgs(engine=config)")
+    return OpenAIIngress.options(**deployment_options(args)).bind(args.model_dump(mode="json"))
+
+
+def app_builder(args: dict) -> serve.Application:
+    """Entry point of Serve config files: the application's ``args:`` block, validated as ServeArgs;
+    a bad value is one line naming the key, e.g. ``args: engine.max_num_seqs=0: ...``."""
+    try:
+        sargs = ServeArgs.model_validate(args or {})
+    except ValidationError as e:
+        raise ValueError(f"args: {format_validation_error(e)}") from None
+    return build_app(sargs)

@@ -2,8 +2,10 @@
 
 Requests are pydantic models with unknown fields forbidden (a typo such as ``max_token`` is an
 error, not silently ignored). Value ranges are checked when a request becomes ``SamplingParams``
-(``to_sampling_params``), so a bad value is answered 400 with the field and value named; schema
-errors (wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error body.
+(``sampling_params``, one per choice), so a bad value is answered 400 with the field and value
+named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error
+body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat semantics; vLLM does
+the same), capped by the model's context.
 """
 from __future__ import annotations
 
@@ -11,20 +13,25 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actors.sampling_params import SamplingParams
+from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from cluster.outputs import RequestOutput
 
 
+MAX_N = 16  # choices per request
+
+
 class APIError(Exception):
-    """An error answered with the OpenAI error body."""
+    """An error answered with the OpenAI error body; ``retry_after_s`` (overload, draining) becomes
+    HTTP's Retry-After header."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+                 type_: str | None = None, retry_after_s: int | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or _ERROR_TYPES.get(status, "invalid_request_error")
+        self.retry_after_s = retry_after_s
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -68,15 +75,26 @@ class _SamplingRequest(BaseModel):
     user: str | None = None
     ignore_eos: bool = False  # extension
     spec_tokens: int | None = None  # extension: None = engine policy, 0 = no speculation, K = chain length
-    logprobs: bool | int | None = None
+    return_token_ids: bool = False  # extension (as vLLM): output token ids in each choice / chunk
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
+    def sampling_params(self, max_model_len: int) -> list[SamplingParams]:
+        """One SamplingParams per choice (choice i gets seed + i when a seed is given), after every
+        value check. Without max_tokens a choice runs until EOS, a stop string or the context end."""
+        self.check_supported(max_model_len)
+        base = self.to_sampling_params(max_model_len)
+        if self.seed is None:
+            return [base] * self.n
+        return [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
+
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token the request asks for, None = no logprobs (checked per subclass)."""
+        return None
+
     def check_supported(self, max_model_len: int) -> None:
-        if self.n != 1:
-            raise APIError(400, f"n={self.n}: only n=1 is supported", param="n")
-        if self.logprobs not in (None, False, 0):
-            raise APIError(400, f"logprobs={self.logprobs!r}: logprobs are not supported yet", param="logprobs")
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n={self.n}: must be between 1 and {MAX_N} choices per request", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise APIError(400, f"{name}={getattr(self, name)}: only 0 is supported", param=name)
@@ -86,12 +104,12 @@ class _SamplingRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, max_model_len: int) -> SamplingParams:
         fields = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed",
                                                "stop", "ignore_eos", "spec_tokens")
                   if getattr(self, k) is not None}
-        if self.requested_max_tokens is not None:
-            fields["max_tokens"] = self.requested_max_tokens
+        fields["max_tokens"] = self.requested_max_tokens if self.requested_max_tokens is not None else max_model_len
+        fields["logprobs"] = self.logprobs_k()
         try:
             return SamplingParams(**fields)
         except ValidationError as e:
@@ -111,6 +129,12 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int]
     echo: bool = False
+    logprobs: int | None = Field(None, strict=True)  # alternatives per token; the chosen one always comes too
+
+    def logprobs_k(self) -> int | None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"logprobs={self.logprobs}: must be between 0 and {MAX_LOGPROBS}", param="logprobs")
+        return self.logprobs
 
     def engine_prompt(self):
         p = self.prompt
@@ -129,6 +153,16 @@ class CompletionRequest(_SamplingRequest):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def logprobs_k(self) -> int | None:
+        k = self.top_logprobs
+        if k is not None and not self.logprobs:
+            raise APIError(400, f"top_logprobs={k}: needs logprobs=true", param="top_logprobs")
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs={k}: must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
+        return (k or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -167,39 +201,70 @@ def speculation_of(out: RequestOutput) -> dict:
             "accepted_per_pos": list(out.accepted_per_pos)}
 
 
+def total_usage(outs: list[RequestOutput]) -> dict:
+    """Usage of a request with ``len(outs)`` choices: the shared prompt counted once."""
+    prompt, completion = outs[0].num_prompt_tokens, sum(o.num_output_tokens for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def total_speculation(outs: list[RequestOutput]) -> dict:
+    """Speculation counters summed over the choices (one choice: that choice's own)."""
+    if len(outs) == 1:
+        return speculation_of(outs[0])
+    per_pos = [0] * max(len(o.accepted_per_pos) for o in outs)
+    for o in outs:
+        for i, count in enumerate(o.accepted_per_pos):
+            per_pos[i] += count
+    drafted, accepted = sum(o.num_draft_tokens for o in outs), sum(o.num_accepted_tokens for o in outs)
+    return {"num_drafts": sum(o.num_drafts for o in outs), "num_draft_tokens": drafted,
+            "num_accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else None,
+            "accepted_per_pos": per_pos}
+
+
 def finish_reason_of(out: RequestOutput) -> str | None:
     if not out.finished:
         return None
     return {"abort": "abort", "error": "error"}.get(out.finish_reason, out.finish_reason)
 
 
-def completion_response(rid: str, model: str, out: RequestOutput, chat: bool) -> dict:
+def choice_body(index: int, out: RequestOutput, chat: bool, logprobs: dict | None = None,
+                token_ids: bool = False) -> dict:
+    """One choice of a non-streaming answer."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                  "logprobs": None, "finish_reason": finish_reason_of(out)}
+        choice = {"index": index, "message": {"role": "assistant", "content": out.text},
+                  "logprobs": logprobs, "finish_reason": finish_reason_of(out)}
     else:
-        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": finish_reason_of(out)}
+        choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason_of(out)}
+    if token_ids:
+        choice["token_ids"] = list(out.token_ids)
+    return choice
+
+
+def completion_response(rid: str, model: str, choices: list[dict], outs: list[RequestOutput], chat: bool) -> dict:
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage_of(out), "speculation": speculation_of(out)}
+            "model": model, "choices": choices, "usage": total_usage(outs), "speculation": total_speculation(outs)}
 
 
-def stream_chunk(rid: str, model: str, chat: bool, text: str | None = None, finish_reason: str | None = None,
-                 role: bool = False, created: int | None = None) -> dict:
-    """One SSE chunk with one choice (``text`` None and ``role`` set: the chat opening chunk)."""
+def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | None = None,
+                 finish_reason: str | None = None, role: bool = False, created: int | None = None,
+                 token_ids: list[int] | None = None, logprobs: dict | None = None) -> dict:
+    """One SSE chunk with one choice, ``index`` (``text`` None and ``role`` set: the chat opening chunk)."""
     if chat:
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created or int(time.time()), "model": model, "choices": [choice]}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, out: RequestOutput, created: int | None = None) -> dict:
+def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], created: int | None = None) -> dict:
     """The last chunk when ``stream_options.include_usage``: no choices, usage and speculation."""
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created or int(time.time()), "model": model, "choices": [],
-            "usage": usage_of(out), "speculation": speculation_of(out)}
+            "usage": total_usage(outs), "speculation": total_speculation(outs)}
 
 
 def models_response(model: str, created: int) -> dict:

@@ -44,18 +44,39 @@ class ServeArgs(BaseModel):
     api_key: str | None = None
     api_key_env: str | None = None
     max_request_bytes: int = Field(1_000_000, ge=1024, description="larger bodies get 413")
-    # Admission: requests beyond max_ongoing_requests per replica wait in Serve's queue (at most
-    # max_queued_requests); beyond that they are answered 429/503 with Retry-After, never a hang.
+    # Admission (deployments/admission.py): a replica runs at most max_ongoing_requests sequences (a
+    # request with n choices counts n); up to max_queued_requests more requests wait in its line, each
+    # at most queue_timeout_s; the rest are answered 429 with Retry-After and an OpenAI body, never a
+    # hang. Serve's own queue is only a backstop for floods (deployments.app.deployment_options).
     max_ongoing_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(32, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0, description="a queued request waits at most this long, then 429")
     retry_after_s: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=1, description="fixed replica count when autoscaling is not set")
     autoscaling: AutoscalingArgs | None = None
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
+    # > 1, or drafters > 0: the replica runs only the step loop; the target is sharded over
+    # tensor_parallel_size verifier actors (one placement group per replica, STRICT_PACK, one GPU per
+    # rank on CUDA) and drafts come from `drafters` drafter-worker actors. num_gpus then stays 0:
+    # the ranks hold the GPUs.
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    drafters: int = Field(0, ge=0, le=8)
+    allow_no_spec: bool = Field(False, description="serve without speculation if a drafter fails to load")
     graceful_shutdown_timeout_s: float = Field(30.0, ge=0, description="in-flight streams finish within this")
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
+
+    @property
+    def uses_ray_actors(self) -> bool:
+        return self.tensor_parallel_size > 1 or self.drafters > 0
+
+    @model_validator(mode="after")
+    def _check_gpus(self):
+        if self.uses_ray_actors and self.num_gpus:
+            raise ValueError(f"num_gpus={self.num_gpus} with tensor_parallel_size={self.tensor_parallel_size}/"
+                             f"drafters={self.drafters}: the verifier ranks hold the GPUs, leave num_gpus at 0")
+        return self
 
     @property
     def model_name(self) -> str:

@@ -38,11 +38,12 @@ def base_url(ray_cluster):
     from ray import serve
 
     from deployments.app import build_app
+    from deployments.serve_config import ServeArgs
 
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        serve.run(build_app(_config(), ray_actor_options={"num_cpus": 1}), name="specray-test", route_prefix="/")
+        serve.run(build_app(ServeArgs(engine=_config(), num_cpus=1)), name="specray-test", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -159,7 +160,7 @@ BAD = [  # (endpoint, body or raw text, status, field the message and param must
     ("completions", {"prompt": "hi", "max_tokens": 10**9}, 400, "max_tokens"),
     ("chat/completions", {"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
     ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("chat/completions", {"messages": MESSAGES, "n": 2}, 400, "n"),
+    ("chat/completions", {"messages": MESSAGES, "n": 17}, 400, "n"),
     ("completions", {"prompt": "hi", "model": "gpt-nope"}, 404, "model"),
     ("completions", {"prompt": list(range(5, 20000))}, 400, "prompt"),
     ("completions", {"prompt": "hi", "max_token": 5}, 422, "max_token"),

@@ -1,0 +1,171 @@
+"""Self-distillation data for the EAGLE head, in two cached stages under one directory.
+
+1. ``generate_responses``: the target answers the prompt mix through the engine at high batch
+   (mostly greedy, some sampled), streaming finished answers into ``responses/shard-*.jsonl``.
+   Re-running skips prompts already answered, so a crash loses at most one shard.
+2. ``extract_features``: one teacher-forced target forward per answered conversation gives the
+   features f_t (final-normed hidden states, the head's input and regression target) and the
+   target's greedy next token at every position; saved per response shard as ``features/*.pt``.
+
+Why a separate stage 2: generation may run in bf16 for speed, but the head must learn from the
+features it will see at run time (the target's own dtype), so they are recomputed exactly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("specray.eagle.data")
+
+
+@dataclass(slots=True)
+class Example:
+    """One conversation: token ids, the target's features and greedy predictions at each position."""
+
+    tokens: torch.Tensor  # [n] int64
+    features: torch.Tensor  # [n, H] fp16: f_t, final-normed hidden state of position t
+    target_next: torch.Tensor  # [n] int64: the target's argmax after position t
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _done_indices(resp_dir: Path) -> set[int]:
+    done = set()
+    for f in sorted(resp_dir.glob("shard-*.jsonl")):
+        done.update(json.loads(line)["index"] for line in f.read_text().splitlines() if line)
+    return done
+
+
+def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float):
+    from actors.sampling_params import SamplingParams
+
+    rng = random.Random(seed * 1_000_003 + index)
+    if rng.random() < sampled_frac:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.95, seed=index)
+    return SamplingParams(max_tokens=max_tokens)
+
+
+def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, concurrency: int = 48,
+                       shard_size: int = 128, max_tokens: int = 160, sampled_frac: float = 0.25,
+                       seed: int = 0) -> int:
+    """Answer ``prompts`` (chat messages) until done or ``time.time() > deadline``; returns the
+    number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch)."""
+    resp_dir = out_dir / "responses"
+    resp_dir.mkdir(parents=True, exist_ok=True)
+    done = _done_indices(resp_dir)
+    todo = [i for i in range(len(prompts)) if i not in done]
+    shard_no = len(list(resp_dir.glob("shard-*.jsonl")))
+    buf: list[dict] = []
+    ids: dict[str, int] = {}
+    t0, ntok = time.time(), 0
+
+    def flush() -> None:
+        nonlocal shard_no, buf
+        if buf:
+            text = "".join(json.dumps(r) + "\n" for r in buf)
+            _atomic_write(resp_dir / f"shard-{shard_no:05d}.jsonl", lambda p: p.write_text(text))
+            shard_no, buf = shard_no + 1, []
+
+    nxt = 0
+    while (nxt < len(todo) or ids) and time.time() < deadline:
+        while nxt < len(todo) and len(ids) < concurrency:
+            i = todo[nxt]
+            seq = engine.add_request(f"eagle-{i}", prompts[i], _params_for(i, seed, max_tokens, sampled_frac), chat=True)
+            ids[seq.request_id] = i
+            nxt += 1
+        for out in engine.step():
+            if out.finished:
+                i = ids.pop(out.request_id)
+                prompt_ids = engine.prompts.encode(prompts[i], chat=True)
+                buf.append({"index": i, "prompt_ids": prompt_ids, "output_ids": list(out.token_ids)})
+                ntok += out.num_output_tokens
+                if len(buf) >= shard_size:
+                    flush()
+                    log.info("responses: %d/%d answered, %d new tokens at %.0f tok/s",
+                             len(done) + nxt - len(ids), len(prompts), ntok, ntok / (time.time() - t0))
+    for rid in list(ids):  # out of time: drop what is still in flight
+        engine.abort(rid)
+    flush()
+    return len(_done_indices(resp_dir))
+
+
+def _feature_batches(convs: list[list[int]], batch_tokens: int) -> list[list[int]]:
+    """Indices of conversations packed into forwards of at most ``batch_tokens`` tokens."""
+    batches, cur, n = [], [], 0
+    for i, ids in enumerate(convs):
+        if cur and n + len(ids) > batch_tokens:
+            batches.append(cur)
+            cur, n = [], 0
+        cur.append(i)
+        n += len(ids)
+    return batches + ([cur] if cur else [])
+
+
+@torch.inference_mode()
+def target_features(model, convs: list[list[int]], device: torch.device, block_size: int = 16
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features [n, H] fp16, greedy next token [n] int64) of each conversation, in one forward."""
+    from actors.verifier import SeqChunk, build_forward_batch
+
+    blocks = [-(-len(c) // block_size) for c in convs]
+    kv = model.allocate_kv_cache(sum(blocks), block_size, device)
+    chunks, first = [], 0
+    for ids, nb in zip(convs, blocks):
+        table = list(range(first, first + nb))
+        slots = [table[p // block_size] * block_size + p % block_size for p in range(len(ids))]
+        chunks.append(SeqChunk(list(ids), list(range(len(ids))), slots, len(ids), table, None))
+        first += nb
+    hidden = model(build_forward_batch(chunks, block_size, device), kv)  # [N, H]
+    nxt = torch.cat([model.compute_logits(h).argmax(-1) for h in hidden.split(256)])
+    out, start = [], 0
+    for ids in convs:
+        end = start + len(ids)
+        out.append((hidden[start:end].to(torch.float16).cpu(), nxt[start:end].cpu()))
+        start = end
+    return out
+
+
+def extract_features(model, out_dir: Path, device: torch.device, batch_tokens: int = 2048) -> int:
+    """Features for every response shard that has none yet; returns the number of feature shards."""
+    feat_dir = out_dir / "features"
+    feat_dir.mkdir(parents=True, exist_ok=True)
+    t0, ntok = time.time(), 0
+    for shard in sorted((out_dir / "responses").glob("shard-*.jsonl")):
+        target = feat_dir / (shard.stem + ".pt")
+        if target.exists():
+            continue
+        rows = [json.loads(line) for line in shard.read_text().splitlines() if line]
+        convs = [r["prompt_ids"] + r["output_ids"] for r in rows]
+        tokens, feats, nexts = [], [], []
+        for batch in _feature_batches(convs, batch_tokens):
+            for i, (f, nx) in zip(batch, target_features(model, [convs[i] for i in batch], device)):
+                tokens.append(torch.tensor(convs[i], dtype=torch.int32))
+                feats.append(f)
+                nexts.append(nx.to(torch.int32))
+        ntok += sum(len(c) for c in convs)
+        payload = {"tokens": tokens, "features": feats, "target_next": nexts,
+                   "num_prompt_tokens": [len(r["prompt_ids"]) for r in rows]}
+        _atomic_write(target, lambda p: torch.save(payload, p))
+        log.info("features: %s (%d tokens so far, %.0f tok/s)", target.name, ntok, ntok / (time.time() - t0))
+    return len(list(feat_dir.glob("shard-*.pt")))
+
+
+def load_examples(out_dir: Path) -> list[Example]:
+    """Every conversation with features, in shard order."""
+    out = []
+    for f in sorted((out_dir / "features").glob("shard-*.pt")):
+        d = torch.load(f)
+        for t, x, nx in zip(d["tokens"], d["features"], d["target_next"]):
+            out.append(Example(t.long(), x, nx.long()))
+    return out

@@ -1,0 +1,167 @@
+"""The EAGLE head: one Llama decoder layer that predicts the target's next feature from its current
+feature and the next token, and a reduced-vocabulary LM head on top.
+
+Entry t of a sequence is ``fc(concat(embed(x_{t+1}), f_t))`` at RoPE position t, where f_t is the
+target's final-normed hidden state at position t. The layer (attending over entries 0..t) and a
+final RMSNorm give f̂_{t+1}; its logits over the draft vocabulary are ``f̂ @ lm_head[draft_vocab].T``,
+so the draft token is the target's likely token at t+2. A draft step feeds (drafted token, f̂) back in.
+
+Why a reduced vocabulary: the target's 576 x 49,152 LM head is 21% of its weights; the most frequent
+few thousand tokens cover ~90% of what it emits, at a tenth of the cost. The target's embedding and
+LM head are borrowed at ``attach`` (never saved): the file holds fc, the layer, the norm and the
+vocabulary ids (a few MB in fp16).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actors.model.layers import RotaryEmbedding, apply_rotary
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+DEFAULT_HEADS = {"smollm2-135m": WEIGHTS_DIR / "smollm2-135m.safetensors"}  # model alias -> committed head
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    rope_scaling: dict | None = None
+    target: str = ""  # what it was trained for (shown in mismatch errors)
+
+    @staticmethod
+    def for_target(model_config, draft_vocab_size: int, target: str = "") -> "HeadConfig":
+        c = model_config
+        return HeadConfig(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                          c.rms_norm_eps, c.rope_theta, c.max_position_embeddings, c.vocab_size,
+                          min(draft_vocab_size, c.vocab_size), c.rope_scaling, target)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, w.shape, w, eps)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.qkv = nn.Linear(h, (cfg.num_heads + 2 * cfg.num_kv_heads) * d, bias=False)
+        self.o = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.post_norm = nn.Parameter(torch.ones(h))
+        self.gate_up = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.out_norm = nn.Parameter(torch.ones(h))
+        self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size, dtype=torch.int64))
+        self.rotary = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.embed: torch.Tensor | None = None  # [V, H] the target's input embedding (borrowed)
+        self.lm_rows: torch.Tensor | None = None  # [Vd, H] the target's LM head rows of draft_vocab
+
+    # ---- wiring to a target --------------------------------------------------------------
+    def attach(self, target, target_name: str = "the target") -> "EagleHead":
+        """Borrow the target's embedding and LM head rows (a LlamaForCausalLM, TP size 1)."""
+        check_compatible(self.cfg, target.config, self.cfg.target or "this head", target_name)
+        self.embed = target.embed_tokens.weight.detach()
+        self.lm_rows = target.lm_head.weight.detach()[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
+        return self
+
+    def init_from_target(self, target) -> None:
+        """Warm start: the layer from the target's last decoder layer, the output norm from its final
+        norm, and fc passing the feature through (the head starts as 'one more target layer')."""
+        last, h = target.layers[-1], self.cfg.hidden_size
+        with torch.no_grad():
+            self.input_norm.copy_(last.input_layernorm.weight)
+            self.qkv.weight.copy_(last.self_attn.qkv_proj.weight)
+            self.o.weight.copy_(last.self_attn.o_proj.weight)
+            self.post_norm.copy_(last.post_attention_layernorm.weight)
+            self.gate_up.weight.copy_(last.mlp.gate_up_proj.weight)
+            self.down.weight.copy_(last.mlp.down_proj.weight)
+            self.out_norm.copy_(target.norm.weight)
+            self.fc.weight.mul_(0.1)
+            self.fc.weight[:, h:].add_(torch.eye(h))
+            self.fc.bias.zero_()
+
+    # ---- the block -----------------------------------------------------------------------
+    def entry(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """tokens [...] int64 (x_{t+1}), feats [..., H] (f_t or a predicted f̂) -> residual input [..., H]."""
+        emb = F.embedding(tokens, self.embed).to(feats.dtype)
+        return self.fc(torch.cat((emb, feats), dim=-1))
+
+    def qkv_rope(self, h: torch.Tensor, positions: torch.Tensor):
+        """h [N, H], positions [N] -> q [N, nh, d], k [N, nkv, d], v [N, nkv, d] (RoPE applied)."""
+        c = self.cfg
+        n, nh, nkv, d = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = self.qkv(_rms(h, self.input_norm, c.rms_norm_eps))
+        cos, sin = self.rotary.cos_sin(positions)
+        qk = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), cos.to(h.dtype), sin.to(h.dtype))
+        q, k = qk.split((nh, nkv), dim=1)
+        return q, k, qkv[:, (nh + nkv) * d:].reshape(n, nkv, d)
+
+    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """h [N, H] residual input, attn [N, nh * d] -> predicted next feature f̂ [N, H]."""
+        eps = self.cfg.rms_norm_eps
+        h = h + self.o(attn)
+        gate, up = self.gate_up(_rms(h, self.post_norm, eps)).chunk(2, dim=-1)
+        h = h + self.down(F.silu(gate) * up)
+        return _rms(h, self.out_norm, eps)
+
+    def logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [..., H] -> logits over the draft vocabulary [..., Vd]."""
+        return feats @ self.lm_rows.T
+
+    # ---- files ---------------------------------------------------------------------------
+    def save(self, path: str | Path, info: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().to(torch.float16).contiguous() for k, v in self.named_parameters()}
+        state["draft_vocab"] = self.draft_vocab.to(torch.int32).contiguous()
+        meta = {"format": "specray-eagle-head", "config": json.dumps(asdict(self.cfg)),
+                "info": json.dumps(info or {})}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(path), metadata=meta)
+
+
+def load_head(path: str | Path, dtype: torch.dtype = torch.float32) -> EagleHead:
+    """Read a head file written by ``EagleHead.save``; clear errors for a missing or foreign file."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"EAGLE head {str(path)!r} does not exist; train one with "
+                         f"`python -m actors.eagle.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != "specray-eagle-head":
+            raise ValueError(f"{str(path)!r} is not an EAGLE head file (no specray-eagle-head metadata)")
+        cfg = HeadConfig(**json.loads(meta["config"]))
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    head = EagleHead(cfg)
+    head.load_state_dict({k: v.long() if k == "draft_vocab" else v.to(dtype) for k, v in state.items()})
+    return head.to(dtype).eval().requires_grad_(False)
+
+
+def check_compatible(cfg: HeadConfig, model_config, head_name: str, target_name: str) -> None:
+    """The head must match the target's hidden size, vocabulary and attention shape."""
+    c = model_config
+    theirs = (c.hidden_size, c.vocab_size, c.head_dim)
+    ours = (cfg.hidden_size, cfg.target_vocab_size, cfg.head_dim)
+    if ours != theirs:
+        raise ValueError(f"EAGLE head {head_name} was trained for a target with hidden size {cfg.hidden_size}, "
+                         f"vocabulary {cfg.target_vocab_size} and head_dim {cfg.head_dim}, but {target_name} has "
+                         f"hidden size {c.hidden_size}, vocabulary {c.vocab_size} and head_dim {c.head_dim}; "
+                         f"train a head for it with `python -m actors.eagle.train --model ... --out DIR`")

@@ -1,0 +1,214 @@
+"""EagleProposer: drafts chains with the EAGLE head from the target's own features.
+
+The engine hands over the features of every committed position (``observe``; prefill chunks and
+each step's root + accepted nodes). ``propose`` first feeds each sequence's newly committed
+entries (x_{t+1}, f_t) into its head cache (catch-up); the last of them already predicts the first
+draft token, and every further depth feeds (drafted token, predicted feature) back in. One batched
+head forward per depth; each sequence keeps a small dense K/V cache of its own.
+
+An expansion wider than 1 at some depth adds the top-w (greedy) or w sampled tokens as siblings
+and continues the chain from the first. Greedy requests get deterministic drafts; sampled ones get
+draws from the head's distribution q (over the draft vocabulary, 0 elsewhere), so verification stays
+lossless either way.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from actors.drafter import DraftRequest, Proposer
+from actors.eagle.head import EagleHead
+from actors.sampling import logits_to_probs
+from actors.tree import TokenTree
+
+
+class _SeqState:
+    """One sequence's head cache: entries for positions [base, base + fed), features not yet fed."""
+
+    __slots__ = ("base", "fed", "pending", "k", "v")
+
+    def __init__(self, base: int, kv_shape: tuple[int, int], dtype: torch.dtype, device: torch.device):
+        self.base, self.fed = base, 0
+        self.pending: list[torch.Tensor] = []  # [n_i, H] features of positions base + fed ...
+        self.k = torch.empty(64, *kv_shape, dtype=dtype, device=device)  # [capacity, nkv, d]
+        self.v = torch.empty(64, *kv_shape, dtype=dtype, device=device)
+
+    @property
+    def next_pos(self) -> int:
+        return self.base + self.fed + sum(len(p) for p in self.pending)
+
+    def reserve(self, n: int) -> None:
+        if n > self.k.shape[0]:
+            cap = 1 << (n - 1).bit_length()
+            for name in ("k", "v"):
+                old = getattr(self, name)
+                new = old.new_empty(cap, *old.shape[1:])
+                new[: old.shape[0]] = old
+                setattr(self, name, new)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: int) -> torch.Tensor:
+        """Write k, v [n, nkv, d] at cache index ``at``; q [n, nh, d] attends causally -> [n, nh * d]."""
+        n = q.shape[0]
+        self.reserve(at + n)
+        self.k[at: at + n], self.v[at: at + n] = k, v
+        keys, vals = self.k[: at + n], self.v[: at + n]
+        g = q.shape[1] // keys.shape[1]
+        mask = None
+        if n > 1:
+            mask = torch.ones(n, at + n, dtype=torch.bool, device=q.device).tril(diagonal=at)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys.repeat_interleave(g, dim=1).transpose(0, 1),
+            vals.repeat_interleave(g, dim=1).transpose(0, 1), attn_mask=mask)  # [nh, n, d]
+        return out.transpose(0, 1).reshape(n, -1)
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+    needs_hidden = True  # the engine must call observe() with the target's features
+
+    def __init__(self, head: EagleHead):
+        self.head = head
+        c = head.cfg
+        self.kv_shape = (c.num_kv_heads, c.head_dim)
+        self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
+        self.states: dict[int, _SeqState] = {}
+
+    # ---- features from the engine --------------------------------------------------------------
+    def observe(self, seq_id: int, start: int, features: torch.Tensor) -> None:
+        """features [n, H]: the target's final-normed hidden states of positions start .. start+n-1."""
+        st = self.states.get(seq_id)
+        if st is None or start != st.next_pos:  # new sequence, or a gap (prefix-cache hit, recompute)
+            st = self.states[seq_id] = _SeqState(start, self.kv_shape, self.dtype, self.device)
+        st.pending.append(features.to(self.dtype))
+
+    def release(self, seq_id: int) -> None:
+        self.states.pop(seq_id, None)
+
+    # ---- drafting ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
+        trees = [TokenTree.root(r.token_ids[-1]) for r in reqs]
+        live = [i for i, r in enumerate(reqs) if self._ready(r)]
+        if not live:
+            return trees
+        feats, idx = self._catch_up([reqs[i] for i in live])  # [B, H] f̂ after the last committed entry
+        tips = [0] * len(live)
+        depth = 0
+        while True:
+            toks = self._choose(feats, [reqs[i] for i in live], depth, trees, live, tips)
+            depth += 1
+            go = [j for j, i in enumerate(live) if depth < len(reqs[i].expansion)]
+            if not go:
+                return trees
+            live, idx, tips = [live[j] for j in go], [idx[j] for j in go], [tips[j] for j in go]
+            toks = torch.tensor([toks[j] for j in go], device=self.device)
+            feats = self._draft_step(toks, feats[go], [reqs[i] for i in live], idx)
+            idx = [a + 1 for a in idx]
+
+    def _ready(self, r: DraftRequest) -> bool:
+        st = self.states.get(r.seq_id)
+        return bool(r.expansion) and st is not None and st.next_pos == r.root_position and bool(st.pending)
+
+    def _catch_up(self, reqs: list[DraftRequest]) -> tuple[torch.Tensor, list[int]]:
+        """Feed every pending (x_{t+1}, f_t) entry; returns f̂ of each sequence's last entry [B, H]
+        and the cache index where each sequence's first speculative entry goes."""
+        toks, feats, pos, sizes = [], [], [], []
+        for r in reqs:
+            st = self.states[r.seq_id]
+            f = torch.cat(st.pending) if len(st.pending) > 1 else st.pending[0]
+            start = st.base + st.fed
+            toks += r.token_ids[start + 1: start + 1 + len(f)]
+            feats.append(f)
+            pos += range(start, start + len(f))
+            sizes.append(len(f))
+        dev = self.device
+        out = self._block(torch.tensor(toks, device=dev), torch.cat(feats), torch.tensor(pos, device=dev), reqs,
+                          sizes, committed=True)
+        last = torch.tensor(sizes, device=self.device).cumsum(0) - 1
+        return out[last], [self.states[r.seq_id].fed for r in reqs]
+
+    def _draft_step(self, toks: torch.Tensor, feats: torch.Tensor, reqs: list[DraftRequest],
+                    idx: list[int]) -> torch.Tensor:
+        """One speculative entry per sequence at cache index idx (not committed) -> f̂ [B, H]."""
+        pos = torch.tensor([self.states[r.seq_id].base + i for r, i in zip(reqs, idx)], device=self.device)
+        return self._block(toks, feats, pos, reqs, [1] * len(reqs), committed=False, at=idx)
+
+    def _block(self, toks, feats, pos, reqs, sizes, committed: bool, at: list[int] | None = None):
+        head = self.head
+        h = head.entry(toks, feats)
+        q, k, v = head.qkv_rope(h, pos)
+        outs, start = [], 0
+        for j, (r, n) in enumerate(zip(reqs, sizes)):
+            st = self.states[r.seq_id]
+            where = st.fed if at is None else at[j]
+            outs.append(st.attend(q[start:start + n], k[start:start + n], v[start:start + n], where))
+            if committed:
+                st.fed, st.pending = st.fed + n, []
+            start += n
+        return head.finish(h, torch.cat(outs))
+
+    def _choose(self, feats, reqs, depth, trees, live, tips) -> list[int]:
+        """Add depth+1's nodes under each chain tip; returns the token each chain continues with."""
+        logits = self.head.logits(feats).float()  # [B, Vd]
+        vocab = self.head.draft_vocab
+        nxt = []
+        for j, (i, r) in enumerate(zip(live, reqs)):
+            width, tree = r.expansion[depth], trees[i]
+            if r.params.greedy:
+                picks = vocab[logits[j].topk(width).indices].tolist()
+                nodes = [tree.add(tips[j], t) for t in picks]
+            else:
+                p = r.params
+                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
+                q = q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, vocab, q_small)
+                picks = vocab[torch.multinomial(q_small, width, replacement=True, generator=r.generator)].tolist()
+                nodes = [tree.add(tips[j], t, q) for t in picks]
+            tips[j] = nodes[0]
+            nxt.append(picks[0])
+        return nxt
+
+
+def observe_committed(proposer, scheduled, chunks, trees: dict[int, TokenTree], computed: dict[int, int],
+                      hidden: torch.Tensor) -> None:
+    """After a step: hand ``proposer.observe`` the features of the positions each sequence committed.
+
+    scheduled/chunks: the step's ScheduledSeq list and its SeqChunks (same order); computed: seq_id ->
+    num_computed before the step; hidden: [N, H] final-normed hidden states of the step's tokens.
+    A prefill chunk commits all its rows; a decode step commits the root and the accepted path,
+    found by walking the tree along the committed tokens (equal-token siblings share a path, so
+    their features are equal)."""
+    start = 0
+    for s, chunk in zip(scheduled, chunks):
+        seq, n0 = s.seq, computed[s.seq.seq_id]
+        n1 = seq.num_computed
+        if not seq.is_finished and n1 > n0:
+            if s.is_decode:
+                tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+                kids, rows = tree.child_lists(), [0]
+                for tok in seq.token_ids[n0 + 1: n1]:
+                    rows.append(next(c for c in kids[rows[-1]] if tree.tokens[c] == tok))
+            else:
+                rows = list(range(n1 - n0))
+            proposer.observe(seq.seq_id, n0, hidden[start + torch.tensor(rows)])
+        start += len(chunk.token_ids)
+
+
+def build_eagle_proposer(head_path: str | None, model: str, verifier) -> EagleProposer:
+    """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
+    ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
+    from actors.eagle.head import DEFAULT_HEADS, load_head
+    from actors.verifier import Verifier
+
+    if not isinstance(verifier, Verifier) or verifier.model.tp.size != 1:
+        raise ValueError("--draft default / eagle:PATH needs the in-process verifier (the head reads the target's "
+                         "hidden states); the Ray tensor-parallel verifier (--ray) does not support it yet: "
+                         "use --draft ngram or layerskip:N with --ray")
+    if head_path is None:
+        if model not in DEFAULT_HEADS:
+            raise ValueError(f"--draft default: no EAGLE head is committed for model {model!r} (only for "
+                             f"{sorted(DEFAULT_HEADS)}); train one with `python -m actors.eagle.train --model "
+                             f"{model} --out DIR` and pass --draft eagle:DIR/head.safetensors")
+        head_path = str(DEFAULT_HEADS[model])
+    target = verifier.model
+    head = load_head(head_path, dtype=target.dtype).to(verifier.device)
+    return EagleProposer(head.attach(target, f"target {model!r}"))

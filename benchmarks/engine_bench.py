@@ -1,0 +1,86 @@
+"""In-process backend of the sweep: ``LLMEngine``s over one loaded target.
+
+The target (and each draft model) is loaded once per bench run and shared by every engine, and so
+is the target's KV cache (engines run one after another). Each run starts on a fresh engine (a few
+milliseconds: the weights, the KV cache and the session's proposer are reused) so that its prefix
+cache is empty: no run profits from prompts that the warm-up or an earlier run cached. Chain
+length K is a per-request ``spec_tokens``, so one engine configuration serves a whole group.
+Per-request times are the engine's own (``RequestOutput.ttft_s``/``e2e_s``, measured from when the
+request was added, which with ``concurrency`` in flight is when a closed-loop client would send it).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from benchmarks.prompt_set import BenchPrompt
+from benchmarks.results import RequestRecord, Run, Variant
+from benchmarks.sweep import RunOnce
+
+
+class EngineBackend:
+    def __init__(self, model: str, max_tokens: int | None, seed: int = 0, warmup: int = 1,
+                 engine_options: dict | None = None):
+        """engine_options: EngineConfig fields every engine gets (num_threads, kv_cache_gb)."""
+        from actors.model.loader import load_model
+        from cluster.runtime import resolve_device_dtype
+
+        self.model, self.max_tokens, self.seed, self.warmup = model, max_tokens, seed, warmup
+        self.engine_options = {k: v for k, v in (engine_options or {}).items() if v is not None}
+        self.device, self.dtype = resolve_device_dtype("auto", "auto")
+        self.loaded = load_model(model, dtype=self.dtype, device=self.device)
+        self._drafts: dict[str, object] = {}
+        self._verifier = None  # the target's KV cache, reused by every engine
+
+    def config(self, method: str, variants: tuple[Variant, ...]):
+        """An engine configuration able to serve every variant of the group."""
+        from cluster.config import EngineConfig, SpeculativeConfig
+
+        tree = next((v.tree for v in variants if v.tree), None)
+        max_k = max((v.spec_tokens or 0 for v in variants), default=0)
+        spec = SpeculativeConfig.from_draft_arg(method, max_k, tree)
+        return EngineConfig(model=self.model, speculative=spec, **self.engine_options)
+
+    def engine(self, cfg, proposer=None):
+        from cluster.engine import LLMEngine
+
+        spec = cfg.speculative
+        draft = self._draft(spec.draft_model) if spec.method == "draft" and proposer is None else None
+        engine = LLMEngine(cfg, loaded=self.loaded, draft_loaded=draft, verifier=self._verifier, proposer=proposer)
+        self._verifier = engine.verifier
+        return engine
+
+    def _draft(self, spec: str):
+        from actors.model.loader import load_model
+
+        if spec not in self._drafts:
+            self._drafts[spec] = load_model(spec, dtype=self.dtype, device=self.device)
+        return self._drafts[spec]
+
+    @contextmanager
+    def session(self, method: str, variants: tuple[Variant, ...], warmup_prompt: BenchPrompt) -> Iterator[RunOnce]:
+        from actors.sampling_params import SamplingParams
+
+        cfg = self.config(method, variants)
+        first = self.engine(cfg)
+        for _ in range(self.warmup):
+            first.generate([warmup_prompt.prompt], SamplingParams(max_tokens=8), chat=True)
+        proposer = first.proposer  # holds no request state between runs (released on finish)
+        yield lambda v, prompts, c, t: self._run(self.engine(cfg, proposer), method, v, prompts, c, t)
+
+    def _run(self, engine, method: str, variant: Variant, prompts: list[BenchPrompt], concurrency: int,
+             temperature: float) -> Run:
+        from actors.sampling_params import SamplingParams
+
+        params = [SamplingParams(max_tokens=p.budget(self.max_tokens), temperature=temperature,
+                                 seed=self.seed + i if temperature > 0 else None, spec_tokens=variant.spec_tokens)
+                  for i, p in enumerate(prompts)]
+        start = time.perf_counter()
+        outs = engine.generate([p.prompt for p in prompts], params, chat=True, concurrency=concurrency)
+        wall = time.perf_counter() - start
+        records = [RequestRecord(p.category, o.num_output_tokens, o.e2e_s or 0.0, o.ttft_s, o.num_drafts,
+                                 o.num_draft_tokens, o.num_accepted_tokens, list(o.accepted_per_pos),
+                                 o.error if o.finish_reason == "error" else None)
+                   for p, o in zip(prompts, outs)]
+        return Run(method, variant, temperature, concurrency, wall, records)

@@ -1,0 +1,122 @@
+"""Parsing and checking of the bench/tune list options, before anything is loaded.
+
+Lists are parsed here rather than by argparse ``type=`` so that a bad value gets the project's
+one-line error (``specray: error: --concurrency 'x': ...``, exit 2) instead of argparse's usage
+dump, and so that a typo fails in a second, not after the model has loaded.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.prompt_set import BenchPrompt, default_prompts_path, load_prompt_set, stratified_sample
+from benchmarks.results import BASELINE
+
+BUILTIN_METHODS = ("none", "ngram", "layerskip:N")
+
+
+def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: integers >= minimum, no duplicates, order kept."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise ValueError(f"{flag} {text!r}: {bad[0]} is below {minimum}")
+    return list(dict.fromkeys(values))
+
+
+def parse_float_list(flag: str, text: str, minimum: float = 0.0) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0,0.3,0.7") from None
+    bad = [v for v in values if not v >= minimum]  # also rejects nan
+    if bad:
+        raise ValueError(f"{flag} {text!r}: {bad[0]} is below {minimum}")
+    return list(dict.fromkeys(values))
+
+
+def is_draft_model(method: str) -> bool:
+    """A draft model alias or an existing local path (HF directory or .gguf)."""
+    from actors.model import registry
+
+    return method not in ("none", "ngram") and not method.startswith("layerskip") and (
+        registry.is_alias(method) or Path(method).expanduser().exists())
+
+
+def check_method(method: str) -> str:
+    from cluster.config import SpeculativeConfig
+
+    if method in ("none", "ngram") or is_draft_model(method):
+        return method
+    if method.startswith("layerskip"):
+        SpeculativeConfig.from_draft_arg(method)  # raises naming the value
+        return method
+    raise ValueError(f"--draft {method!r}: unknown method; use one of {', '.join(BUILTIN_METHODS)} "
+                     "or a draft model (an alias or a local path)")
+
+
+def parse_methods(text: str) -> list[str]:
+    """Speculative methods to measure; the baseline ``none`` is always measured anyway."""
+    methods = [check_method(m.strip()) for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--draft {text!r}: name at least one method")
+    return [m for m in dict.fromkeys(methods) if m != BASELINE]
+
+
+def check_tree(tree: str | None) -> str | None:
+    from actors.tree import parse_expansion
+
+    if tree is None:
+        return None
+    try:
+        return ",".join(str(b) for b in parse_expansion(tree))
+    except ValueError as e:
+        raise ValueError(f"--tree {tree!r}: {e}") from None
+
+
+def select_prompts(path: str | None, sample: int | None, seed: int) -> tuple[Path, list[BenchPrompt]]:
+    """The prompt file (default: bench500 when present) and the stratified sample of it."""
+    p = Path(path) if path else default_prompts_path()
+    items = load_prompt_set(p)
+    return p, (items if sample is None else stratified_sample(items, sample, seed))
+
+
+def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
+    """Options shared by ``bench`` and ``tune`` (lists stay strings here; see the module doc)."""
+    from cluster.config import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target: alias, local HF dir or .gguf file")
+    p.add_argument("--prompts", default=None,
+                   help="JSONL set (default: prompts/bench500.jsonl when present, else prompts/chat20.jsonl)")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="N prompts, stratified by category (deterministic for a --seed)")
+    p.add_argument("--seed", type=int, default=0, help="sample choice and per-request sampling seeds")
+    p.add_argument("--concurrency", default=concurrency, metavar="C1,C2,...", help="requests in flight")
+    p.add_argument("--spec-tokens", default=spec_tokens, metavar="K1,K2,...", help="draft tokens per step (chain)")
+    p.add_argument("--tree", default=None, help="also measure this token tree (expansion config, e.g. 1,1,3,1,1)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="cap per prompt (default: each prompt's own max_tokens)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up requests per engine")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
+                   help="KV cache size of the in-process engine (default: the engine's); high concurrency "
+                        "with long prompts needs more, or the scheduler holds requests back")
+    p.add_argument("--json", action="store_true", help="print the JSON document instead of Markdown tables")
+
+
+def check_counts(args) -> None:
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError(f"--max-tokens {args.max_tokens}: must be at least 1")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup {args.warmup}: must be 0 or more")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: must be at least 1")
+    if args.kv_cache_gb is not None and not args.kv_cache_gb > 0:
+        raise ValueError(f"--kv-cache-gb {args.kv_cache_gb}: must be above 0")
+
+
+def engine_options(args) -> dict:
+    """EngineConfig fields set from the command line (None: the engine's default)."""
+    return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb}

@@ -1,0 +1,112 @@
+"""Peer baselines (``--peers``): transformers' own ``generate`` on the same prompts, the same
+output budgets and the same weights (loaded from the converted HF directory), batch 1, greedy:
+
+- plain greedy decoding, the counterpart of specray's ``none``;
+- prompt lookup (``prompt_lookup_num_tokens=K``), the counterpart of ``ngram`` at the same K;
+- assisted generation with the same draft model (``assistant_model=``, K constant drafts per
+  step), the counterpart of a draft-model method; other methods have no transformers equivalent.
+
+Each peer is reported with the ratio specray/peer of whole-set tokens/s, specray measured at
+concurrency 1 and temperature 0 (what the peer does).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from benchmarks.options import is_draft_model
+from benchmarks.prompt_set import BenchPrompt
+from benchmarks.results import BASELINE
+
+
+@dataclass(slots=True)
+class PeerResult:
+    peer: str
+    counterpart: str  # the specray method it is compared with
+    spec_tokens: int | None
+    output_tokens: int | None = None
+    wall_s: float | None = None
+    tokens_per_s: float | None = None
+    specray_tokens_per_s: float | None = None
+    ratio: float | None = None  # specray / peer
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _hf_model(spec: str):
+    from transformers import AutoModelForCausalLM
+
+    from actors.model.loader import resolve_model_dir
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(spec)), dtype=torch.float32).eval()
+
+
+def _timed_generate(model, encoded: list[list[int]], budgets: list[int], eos: int | None, **kw) -> tuple[int, float]:
+    """Output tokens and wall time of the whole set, one prompt at a time (after one warm-up)."""
+    gen = dict(do_sample=False, pad_token_id=eos, **kw)
+    with torch.inference_mode():
+        model.generate(torch.tensor([encoded[0]]), max_new_tokens=4, **gen)
+        ntok, start = 0, time.perf_counter()
+        for ids, budget in zip(encoded, budgets):
+            x = torch.tensor([ids])
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=budget, **gen)
+            ntok += out.shape[1] - len(ids)
+    return ntok, time.perf_counter() - start
+
+
+def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, methods: list[str],
+              spec_tokens: list[int], threads: int | None = None) -> list[PeerResult]:
+    """Prompts are encoded with the target's tokenizer exactly as the engine encodes them; torch
+    runs with the engine's thread count (``threads``, default all cores) so the comparison is fair."""
+    import os
+
+    from actors.model.loader import load_tokenizer, resolve_model_dir
+    from cluster.prompts import PromptEncoder
+
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+
+    tokenizer = load_tokenizer(resolve_model_dir(model))
+    enc = PromptEncoder(tokenizer)
+    encoded = [enc.encode(p.prompt, chat=True) for p in prompts]
+    budgets = [p.budget(max_tokens) for p in prompts]
+    target = _hf_model(model)
+    run = lambda **kw: _timed_generate(target, encoded, budgets, tokenizer.eos_token_id, **kw)  # noqa: E731
+    results = [_result("transformers.generate", BASELINE, None, *run())]
+    for k in spec_tokens:
+        results.append(_result("transformers.prompt_lookup", "ngram", k, *run(prompt_lookup_num_tokens=k)))
+    for m in methods:
+        if m == BASELINE or m == "ngram":
+            continue
+        if not is_draft_model(m):
+            results.append(PeerResult("transformers.assisted", m, None,
+                                      note=f"skipped: {m!r} is not a draft model, assisted generation needs one"))
+            continue
+        assistant = _hf_model(m)
+        for k in spec_tokens:
+            assistant.generation_config.num_assistant_tokens = k
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            assistant.generation_config.assistant_confidence_threshold = 0.0
+            results.append(_result("transformers.assisted", m, k, *run(assistant_model=assistant)))
+    return results
+
+
+def _result(peer: str, counterpart: str, k: int | None, ntok: int, wall: float) -> PeerResult:
+    return PeerResult(peer, counterpart, k, ntok, wall, ntok / wall if wall > 0 else None)
+
+
+def attach_ratios(peers: list[PeerResult], rows: list[dict]) -> None:
+    """specray/peer: the counterpart's tokens/s at concurrency 1, temperature 0, same K."""
+    ours = {(r["method"], r["spec_tokens"]): r["tokens_per_s"] for r in rows
+            if r["concurrency"] == 1 and r["temperature"] == 0 and r["tree"] is None}
+    for p in peers:
+        if p.tokens_per_s is None:
+            continue
+        p.specray_tokens_per_s = ours.get((p.counterpart, p.spec_tokens))
+        if p.specray_tokens_per_s is None:
+            p.note = "no specray run to compare: measure concurrency 1 at temperature 0"
+        else:
+            p.ratio = p.specray_tokens_per_s / p.tokens_per_s

@@ -1,0 +1,57 @@
+"""The benchmark sweep: every method x speculation shape x temperature x concurrency, the
+no-speculation baseline always first and always in the same run (speedups compare like with like).
+
+A backend (in-process engines or an HTTP endpoint) opens one *session* per group of variants that
+can share an engine (so a model or engine is built once per group, never per run); the session's
+runner serves the whole prompt set once and returns a ``Run``.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from benchmarks.prompt_set import BenchPrompt
+from benchmarks.results import BASELINE, Run, Variant
+
+RunOnce = Callable[[Variant, list[BenchPrompt], int, float], Run]  # variant, prompts, concurrency, temperature
+
+
+class Backend(Protocol):
+    def session(self, method: str, variants: tuple[Variant, ...],
+                warmup_prompt: BenchPrompt) -> AbstractContextManager[RunOnce]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Variants of one method that one engine serves (chains up to max K, or one tree)."""
+
+    method: str
+    variants: tuple[Variant, ...]
+
+
+def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None) -> list[Group]:
+    groups = [Group(BASELINE, (Variant(),))]
+    for m in methods:
+        if m == BASELINE:
+            continue
+        groups.append(Group(m, tuple(Variant(spec_tokens=k) for k in spec_tokens)))
+        if tree:
+            groups.append(Group(m, (Variant(tree=tree),)))
+    return groups
+
+
+def iter_runs(backend: Backend, groups: list[Group], prompts: list[BenchPrompt], temperatures: list[float],
+              concurrencies: list[int]) -> Iterator[Run]:
+    for g in groups:
+        with backend.session(g.method, g.variants, prompts[0]) as run_once:
+            for v in g.variants:
+                for t in temperatures:
+                    for c in concurrencies:
+                        run = run_once(v, prompts, c, t)
+                        toks = sum(r.output_tokens for r in run.records)
+                        print(f"# {g.method} {v.label} T={t:g} c={c}: {toks / run.wall_s:.2f} tok/s "
+                              f"({toks} tokens, {run.wall_s:.1f} s)", file=sys.stderr, flush=True)
+                        yield run

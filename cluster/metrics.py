@@ -1,0 +1,237 @@
+"""Prometheus metrics of one engine, and the snapshot/merge/render helpers that aggregate replicas.
+
+``EngineMetrics`` owns its own ``CollectorRegistry`` (never the process-global default one): tests
+build many engines in one process, and each Serve replica exports exactly its own engine's series.
+The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures compare:
+
+- speculation counters with vLLM's definitions (``actors.sequence.SpecStats``): drafts (steps that
+  carried a draft), draft tokens, accepted tokens, accepted tokens per position (position 0 = the
+  first draft token); acceptance rate = accepted / draft tokens, mean accepted length
+  = 1 + accepted / drafts;
+- per-step histograms: proposer time, and target forward + verification time;
+- per-request histograms, recorded once when a request finishes: TTFT, TPOT (the request's mean
+  time per output token after the first, (e2e - ttft) / (n - 1), for n >= 2 output tokens) and
+  E2E latency; finished requests by reason; prompt tokens (at finish) and generation tokens (as
+  they are emitted, so tokens/s moves while long requests stream);
+- gauges read at scrape time from the scheduler and the KV service (running / waiting requests, KV
+  blocks, usage) and the prefix-cache token counters of the KV allocator. ``kv.stats()`` is the
+  one interface, so a remote KV service (``cluster.replica.RemoteKV``: an actor call) works like
+  the in-process one; if it cannot answer, the KV series are left out of that scrape rather than
+  reported as zeros;
+- HTTP answers by route and status (filled by the ingress middleware).
+
+The engine calls ``observe_step`` once per step and ``record_output`` once per emitted output;
+neither does per-token work.
+
+Aggregation: ``snapshot`` turns a registry into plain picklable tuples, ``merge_snapshots`` sums
+several (counters, histogram buckets/sum/count and count-like gauges; the KV usage ratio is
+recomputed from the summed used/total blocks) and ``render`` writes Prometheus text from a
+snapshot. ``deployments.metrics_hub`` uses them to show every replica's totals on any replica.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from cluster.outputs import RequestOutput
+
+log = logging.getLogger("specray.metrics")
+
+P = "specray:"
+FINISH_REASONS = ("stop", "length", "abort", "error")
+KV_USED, KV_TOTAL, KV_USAGE = P + "kv_blocks_used", P + "kv_blocks_total", P + "kv_cache_usage_perc"
+
+_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 10.0)
+_E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                240.0, 480.0, 960.0, 1920.0)
+
+
+class EngineMetrics:
+    """The metrics of one engine in a registry of its own (``self.registry``)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.num_drafts = Counter(P + "spec_decode_num_drafts", "Verification steps that carried draft tokens",
+                                  registry=r)
+        self.num_draft_tokens = Counter(P + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
+        self.num_accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                           registry=r)
+        self.accepted_per_pos = Counter(P + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each position (0 = first draft token)",
+                                        ["position"], registry=r)
+        self.draft_seconds = Histogram(P + "spec_decode_draft_seconds", "Proposer time per step (steps with drafts)",
+                                       buckets=_STEP_BUCKETS, registry=r)
+        self.verify_seconds = Histogram(P + "spec_decode_verify_seconds",
+                                        "Target forward + verification time per step", buckets=_STEP_BUCKETS,
+                                        registry=r)
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token per request",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram(P + "time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request", buckets=_TPOT_BUCKETS,
+                              registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Arrival to last token per request",
+                             buckets=_E2E_BUCKETS, registry=r)
+        self.request_success = Counter(P + "request_success", "Finished requests by finish reason",
+                                       ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Output tokens emitted", registry=r)
+        self.http_requests = Counter(P + "http_requests", "HTTP answers by route template and status",
+                                     ["route", "status"], registry=r)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(finished_reason=reason)
+        self._state = _EngineStateCollector()
+        r.register(self._state)
+
+    def watch(self, scheduler, kv, num_positions: int) -> None:
+        """Read gauges from ``scheduler`` (running / waiting queues) and ``kv`` (``stats()``) at
+        scrape time; show per-position acceptance for positions 0..num_positions-1 from the start."""
+        self._state.scheduler, self._state.kv = scheduler, kv
+        for i in range(num_positions):
+            self.accepted_per_pos.labels(position=str(i))
+
+    # ---- engine hooks -----------------------------------------------------------------------
+    def observe_step(self, draft_s: float | None, verify_s: float) -> None:
+        """One engine step: proposer time (None: nothing was drafted) and forward + verification."""
+        if draft_s is not None:
+            self.draft_seconds.observe(draft_s)
+        self.verify_seconds.observe(verify_s)
+
+    def record_output(self, out: RequestOutput) -> None:
+        """Every output the engine emits, exactly once (a finished request's last one included)."""
+        if out.delta_token_ids:
+            self.generation_tokens.inc(len(out.delta_token_ids))
+        if out.finished:
+            self._record_finished(out)
+
+    def _record_finished(self, out: RequestOutput) -> None:
+        self.request_success.labels(finished_reason=out.finish_reason or "error").inc()
+        self.prompt_tokens.inc(out.num_prompt_tokens)
+        if out.num_drafts:
+            self.num_drafts.inc(out.num_drafts)
+            self.num_draft_tokens.inc(out.num_draft_tokens)
+            self.num_accepted_tokens.inc(out.num_accepted_tokens)
+            for pos, n in enumerate(out.accepted_per_pos):
+                self.accepted_per_pos.labels(position=str(pos)).inc(n)
+        if out.ttft_s is not None:
+            self.ttft.observe(out.ttft_s)
+            if out.e2e_s is not None and out.num_output_tokens > 1:
+                self.tpot.observe((out.e2e_s - out.ttft_s) / (out.num_output_tokens - 1))
+        if out.e2e_s is not None:
+            self.e2e.observe(out.e2e_s)
+
+    def record_http(self, route: str, status: int | str) -> None:
+        self.http_requests.labels(route=route, status=str(status)).inc()
+
+    def snapshot(self) -> Snapshot:
+        return snapshot(self.registry)
+
+
+class _EngineStateCollector:
+    """Gauges and prefix-cache counters computed from live engine state when scraped."""
+
+    def __init__(self) -> None:
+        self.scheduler = None
+        self.kv = None
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.scheduler
+        yield GaugeMetricFamily(P + "num_requests_running", "Requests being computed",
+                                value=len(s.running) if s is not None else 0)
+        yield GaugeMetricFamily(P + "num_requests_waiting", "Requests waiting to be admitted",
+                                value=len(s.waiting) if s is not None else 0)
+        stats = self._kv_stats()
+        if stats is None:
+            return
+        total, free = stats["num_blocks"], stats["num_free_blocks"]
+        yield GaugeMetricFamily(KV_USED, "KV blocks in use", value=total - free)
+        yield GaugeMetricFamily(KV_TOTAL, "KV blocks in the cache", value=total)
+        yield GaugeMetricFamily(KV_USAGE, "Fraction of KV blocks in use (1 = full)",
+                                value=(total - free) / total if total else 0.0)
+        yield CounterMetricFamily(P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                  value=stats["prefix_queries"])
+        yield CounterMetricFamily(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache",
+                                  value=stats["prefix_hits"])
+
+    def _kv_stats(self) -> dict | None:
+        if self.kv is None:
+            return {"num_blocks": 0, "num_free_blocks": 0, "prefix_queries": 0, "prefix_hits": 0}
+        try:
+            return self.kv.stats()
+        except Exception as e:  # a remote KV service that cannot answer: leave its series out
+            log.warning("KV stats unavailable for this scrape: %s", e)
+            return None
+
+
+# ---- snapshots: plain data, summable across replicas ------------------------------------------
+class Family(NamedTuple):
+    name: str
+    type: str  # counter | gauge | histogram
+    documentation: str
+    samples: tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]  # (sample name, labels, value)
+
+
+Snapshot = list[Family]
+
+
+def snapshot(registry) -> Snapshot:
+    """The registry's current samples as picklable tuples (``_created`` timestamps dropped: they
+    cannot be summed)."""
+    out = []
+    for m in registry.collect():
+        samples = tuple((s.name, tuple(sorted(s.labels.items())), float(s.value))
+                        for s in m.samples if not s.name.endswith("_created"))
+        out.append(Family(m.name, m.type, m.documentation, samples))
+    return out
+
+
+def merge_snapshots(live: Iterable[Snapshot], retired: Iterable[Snapshot] = ()) -> Snapshot:
+    """Sum snapshots sample by sample. ``retired`` ones (replicas that left) contribute their
+    counters and histograms only, so totals never go backwards; their gauges are gone with them.
+    The KV usage ratio is recomputed from the summed used and total blocks."""
+    acc: dict[str, tuple[str, str, dict]] = {}
+    for snaps, with_gauges in ((live, True), (retired, False)):
+        for snap in snaps:
+            for fam in snap:
+                if fam.type == "gauge" and not with_gauges:
+                    continue
+                _, _, values = acc.setdefault(fam.name, (fam.type, fam.documentation, {}))
+                for name, labels, value in fam.samples:
+                    values[(name, labels)] = values.get((name, labels), 0.0) + value
+    if KV_USAGE in acc:
+        used, total = (_single(acc, n) for n in (KV_USED, KV_TOTAL))
+        acc[KV_USAGE][2].clear()
+        acc[KV_USAGE][2][(KV_USAGE, ())] = used / total if total else 0.0
+    return [Family(name, typ, doc, tuple((n, labels, v) for (n, labels), v in values.items()))
+            for name, (typ, doc, values) in acc.items()]
+
+
+def _single(acc: dict, name: str) -> float:
+    return sum(acc[name][2].values()) if name in acc else 0.0
+
+
+class _SnapshotCollector:
+    def __init__(self, snap: Snapshot):
+        self.snap = snap
+
+    def collect(self) -> Iterable[Metric]:
+        for fam in self.snap:
+            m = Metric(fam.name, fam.documentation, fam.type)
+            for name, labels, value in fam.samples:
+                m.add_sample(name, dict(labels), value)
+            yield m
+
+
+def render(snap: Snapshot) -> bytes:
+    """Prometheus text exposition (serve with ``prometheus_client.CONTENT_TYPE_LATEST``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snap))
+    return generate_latest(registry)

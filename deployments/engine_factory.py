@@ -1,0 +1,19 @@
+"""The engine a Serve replica runs, from its ServeArgs: in-process (the model in the replica) or
+over Ray actors (tensor-parallel verifier shards, drafter workers, the allocator actor: the same
+build as `specray generate --ray`, cluster/replica.py)."""
+from __future__ import annotations
+
+from deployments.serve_config import ServeArgs
+
+
+def build_engine(args: ServeArgs):
+    """-> (LLMEngine, stop): ``stop()`` releases the actors the engine started (a no-op in-process)."""
+    if not args.uses_ray_actors:
+        from cluster.engine import LLMEngine
+
+        return LLMEngine(args.engine), lambda: None
+    from cluster.replica import RayOptions, build_replica_engine, shutdown_replica_engine
+
+    opts = RayOptions(tp=args.tensor_parallel_size, drafters=args.drafters, allow_no_spec=args.allow_no_spec)
+    engine = build_replica_engine(args.engine, opts)
+    return engine, lambda: shutdown_replica_engine(engine)

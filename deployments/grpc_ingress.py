@@ -1,0 +1,175 @@
+"""gRPC ingress (``specray.v1.Generation``) on the same replica as the HTTP routes.
+
+Ray Serve's gRPC proxy routes a call by its ``application`` metadata to the deployment method named
+like the RPC (``Generate``, ``GenerateStream``). ``GrpcGenerationMixin`` gives the deployment those
+methods. They turn the proto request into the HTTP side's request model and go through the same
+``OpenAIServer.handle``, so validation, defaults, admission control and error messages are one code
+path for both protocols; an ``APIError`` becomes a gRPC status (``grpc_code_of``) whose details are
+the same message that names the bad field and value.
+"""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+from typing import TYPE_CHECKING, AsyncIterator
+
+import grpc
+from pydantic import ValidationError
+
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from deployments.protos import specray_pb2 as pb
+
+if TYPE_CHECKING:
+    from ray.serve.grpc_util import RayServegRPCContext
+
+    from deployments.openai_server import OpenAIServer
+
+SERVICER = "deployments.protos.specray_pb2_grpc.add_GenerationServicer_to_server"
+
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.INVALID_ARGUMENT,
+               422: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+               401: grpc.StatusCode.UNAUTHENTICATED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+               503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
+_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "spec_tokens")
+
+
+def grpc_options(port: int) -> dict:
+    """``serve.start(grpc_options=...)`` that serves ``specray.v1.Generation`` on ``port`` (all interfaces:
+    Serve's gRPC proxy has no host option)."""
+    return {"port": port, "grpc_servicer_functions": [SERVICER]}
+
+
+def grpc_code_of(status: int) -> grpc.StatusCode:
+    """The gRPC status code for an HTTP status of ``APIError`` (UNKNOWN for one not in the table)."""
+    return _GRPC_CODES.get(status, grpc.StatusCode.UNKNOWN)
+
+
+def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[CompletionRequest | ChatCompletionRequest, bool]:
+    """The HTTP request model for a proto request, and whether it is a chat request. Token ids are
+    always asked for; a stream always ends with usage."""
+    if msg.HasField("prompt") == bool(msg.messages):
+        which = "both" if msg.messages else "neither"
+        raise APIError(400, f"prompt/messages: {which} given; give exactly one of prompt and messages",
+                       param="prompt")
+    fields: dict = {name: getattr(msg, name) for name in _OPTIONAL_FIELDS if msg.HasField(name)}
+    fields.update(ignore_eos=msg.ignore_eos, return_token_ids=True)
+    if msg.model:
+        fields["model"] = msg.model
+    if msg.stop:
+        fields["stop"] = list(msg.stop)
+    if stream:
+        fields.update(stream=True, stream_options={"include_usage": True})
+    try:
+        if msg.messages:
+            messages = [{"role": m.role, "content": m.content} for m in msg.messages]
+            return ChatCompletionRequest(messages=messages, **fields), True
+        return CompletionRequest(prompt=msg.prompt, **fields), False
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise APIError(400, validation_message(e), param=str(first["loc"][0]) if first["loc"] else None) from None
+
+
+def _choice_text(choice: dict, chat: bool) -> str:
+    if not chat:
+        return choice.get("text") or ""
+    return (choice.get("message") or choice.get("delta") or {}).get("content") or ""
+
+
+def _speculation(spec: dict) -> pb.Speculation:
+    return pb.Speculation(num_drafts=spec["num_drafts"], num_draft_tokens=spec["num_draft_tokens"],
+                          num_accepted_tokens=spec["num_accepted_tokens"],
+                          accepted_per_pos=spec["accepted_per_pos"], acceptance_rate=spec["acceptance_rate"])
+
+
+def to_response(body: dict, chat: bool) -> pb.GenerateResponse:
+    """A proto response from the HTTP side's (non-streaming) response body."""
+    choice = body["choices"][0]
+    return pb.GenerateResponse(id=body["id"], model=body["model"], text=_choice_text(choice, chat),
+                               token_ids=choice["token_ids"], finish_reason=choice["finish_reason"] or "",
+                               usage=pb.Usage(**body["usage"]), speculation=_speculation(body["speculation"]))
+
+
+async def to_chunks(lines: AsyncIterator[str], chat: bool) -> AsyncIterator[pb.GenerateChunk]:
+    """Proto chunks from the HTTP side's SSE lines. The chunk with the finish reason is held back
+    until the usage chunk that follows it, so the last proto chunk carries both."""
+    held = None
+    async for line in lines:
+        data = line.removeprefix("data: ").strip()
+        if data == "[DONE]":
+            break
+        obj = json.loads(data)
+        if "error" in obj:  # the engine failed under the request after the stream had begun
+            err = obj["error"]
+            raise APIError(503 if err["type"] == "service_unavailable_error" else 500, err["message"])
+        if not obj["choices"]:  # the usage chunk
+            last = held or pb.GenerateChunk(id=obj["id"], model=obj["model"])
+            last.usage.CopyFrom(pb.Usage(**obj["usage"]))
+            last.speculation.CopyFrom(_speculation(obj["speculation"]))
+            yield last
+            held = None
+            continue
+        choice = obj["choices"][0]
+        chunk = pb.GenerateChunk(id=obj["id"], model=obj["model"], delta_text=_choice_text(choice, chat),
+                                 delta_token_ids=choice.get("token_ids") or [])
+        if choice["finish_reason"] is not None:
+            chunk.finish_reason = choice["finish_reason"]
+            held = chunk
+        elif chunk.delta_text or chunk.delta_token_ids:  # not the chat opening chunk (role only)
+            yield chunk
+    if held is not None:
+        yield held
+
+
+class GrpcGenerationMixin:
+    """The ``specray.v1.Generation`` methods of the ingress deployment (needs ``self.server``)."""
+
+    server: OpenAIServer
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       grpc_context: RayServegRPCContext | None = None) -> pb.GenerateResponse:
+        with _grpc_status(grpc_context):
+            self._check_grpc_auth(grpc_context)
+            req, chat = to_openai_request(request, stream=False)
+            return to_response(await self.server.handle(req, chat=chat), chat)
+
+    async def GenerateStream(self, request: pb.GenerateRequest,
+                             grpc_context: RayServegRPCContext | None = None) -> AsyncIterator[pb.GenerateChunk]:
+        with _grpc_status(grpc_context):
+            self._check_grpc_auth(grpc_context)
+            req, chat = to_openai_request(request, stream=True)
+            lines = await self.server.handle(req, chat=chat)
+            # aclosing: a client that goes away aborts the engine request (frees its KV) at once
+            async with contextlib.aclosing(lines):
+                async for chunk in to_chunks(lines, chat):
+                    yield chunk
+
+    def _check_grpc_auth(self, grpc_context: RayServegRPCContext | None) -> None:
+        """With an API key configured, the ``authorization: Bearer <key>`` metadata must match it."""
+        key = self.server.api_key
+        if key is None or grpc_context is None:
+            return
+        scheme, _, token = dict(grpc_context.invocation_metadata()).get("authorization", "").partition(" ")
+        # constant time, as on HTTP (deployments.http_guard): timing does not tell how much of a guess matched
+        if not (hmac.compare_digest(token.strip().encode(), key.encode()) and scheme.lower() == "bearer"):
+            raise APIError(401, "authorization: missing or wrong API key; send the metadata "
+                                "'authorization: Bearer <key>'", param="authorization", code="invalid_api_key")
+
+
+class GrpcCallError(Exception):
+    """Ends a gRPC call whose status is already set on its context. Ray pickles it on its way to the
+    proxy, so it holds only the message (an ``APIError`` does not survive the round trip)."""
+
+
+@contextlib.contextmanager
+def _grpc_status(grpc_context: RayServegRPCContext | None):
+    """Sets the gRPC status of an ``APIError`` on the call; Serve's proxy then answers with that code
+    and the message as details."""
+    try:
+        yield
+    except APIError as e:
+        if grpc_context is None:  # called through a Serve handle, not the gRPC proxy
+            raise
+        grpc_context.set_code(grpc_code_of(e.status))
+        grpc_context.set_details(e.message)
+        raise GrpcCallError(e.message) from None

@@ -1,0 +1,230 @@
+"""Request logic of the OpenAI ingress, protocol-neutral: the HTTP routes and the gRPC methods both
+call ``OpenAIServer.handle``.
+
+One request: refuse it when the replica cannot serve (engine loop dead, draining: 503 with a
+Retry-After), check the model and values, admit it (``Admission``: 429 with a Retry-After when the
+replica is full), start one engine request per choice (``n``), then answer a dict or an
+``EventStream`` of SSE lines. Streaming chunks carry their choice index; usage counts the prompt
+once and sums the completion tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+from cluster.async_engine import AsyncLLMEngine
+from cluster.outputs import RequestOutput
+from deployments.admission import Admission, Ticket
+from deployments.openai_api import (APIError, _SamplingRequest, choice_body, completion_response, error_body,
+                                    finish_reason_of, models_response, new_id, stream_chunk, usage_chunk)
+from deployments.openai_logprobs import LogprobFormatter
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class OpenAIServer:
+    def __init__(self, aeng: AsyncLLMEngine, model_name: str, max_model_len: int, admission: Admission,
+                 api_key: str | None = None, draining: Callable[[], bool] = lambda: False):
+        """api_key: what gRPC metadata must carry (HTTP checks it in ``deployments.http_guard``);
+        draining: whether the host (Serve) has begun shutting this replica down."""
+        self.aeng, self.model_name, self.max_model_len = aeng, model_name, max_model_len
+        self.admission, self.api_key, self._host_draining = admission, api_key, draining
+        self.logprobs = LogprobFormatter(aeng.engine.tokenizer)
+        self.created = int(time.time())
+        self._draining = False
+
+    def models(self) -> dict:
+        return models_response(self.model_name, self.created)
+
+    def begin_drain(self) -> None:
+        """From now on new requests get 503; requests in flight run to their end."""
+        self._draining = True
+
+    @property
+    def engine_alive(self) -> bool:
+        return not self.aeng._stopped and self.aeng._thread.is_alive()
+
+    def unavailable_reason(self) -> str | None:
+        """Why this replica takes no new requests (engine loop dead, draining), None when it does."""
+        if not self.engine_alive:
+            return "engine is not running"
+        if self._draining or self._host_draining():
+            return "replica is draining (shutting down or being redeployed)"
+        return None
+
+    def check_available(self) -> None:
+        reason = self.unavailable_reason()
+        if reason is not None:
+            retry = self.admission.retry_after_s
+            raise APIError(503, f"{reason}; retry after {retry}s", code="service_unavailable", retry_after_s=retry)
+
+    async def handle(self, req: _SamplingRequest, chat: bool):
+        """A dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
+        self.check_available()
+        if req.model is not None and req.model != self.model_name:
+            raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        prompt = req.engine_prompt()
+        params = req.sampling_params(self.max_model_len)
+        ticket = await self.admission.admit(len(params))
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        try:
+            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt")
+        except BaseException:
+            ticket.release()
+            raise
+        if req.stream:
+            return EventStream(self._events(choices, rid, req, chat), choices, ticket)
+        try:
+            outs, logprobs = await choices.collect()
+        finally:
+            await choices.aclose()
+            ticket.release()
+        if any(o.finish_reason == "error" for o in outs):
+            raise APIError(500, f"generation failed: {next(o.error for o in outs if o.error)}", code="engine_error")
+        bodies = [choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
+                  for i, (out, lps) in enumerate(zip(outs, logprobs))]
+        return completion_response(rid, self.model_name, bodies, outs, chat)
+
+    def _logprobs_body(self, entries: list | None, chat: bool) -> dict | None:
+        if entries is None:
+            return None
+        return self.logprobs.chat(entries) if chat else self.logprobs.completion(entries)[0]
+
+    async def _events(self, choices: ChoiceStreams, rid: str, req: _SamplingRequest, chat: bool) -> AsyncIterator[str]:
+        chunk = dict(rid=rid, model=self.model_name, chat=chat, created=int(time.time()))
+        finals = list(choices.firsts)
+        offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
+        if chat:
+            for i in range(len(finals)):
+                yield sse(stream_chunk(index=i, role=True, **chunk))
+        try:
+            async with aclosing(choices.merged()) as merged:  # closed (tasks stopped) even on break
+                async for i, out in merged:
+                    finals[i] = out
+                    if out.finish_reason == "error":
+                        yield sse(error_body(f"generation failed: {out.error}", "internal_server_error",
+                                             code="engine_error"))
+                        break
+                    ids = out.delta_token_ids if req.return_token_ids else None
+                    lp = None
+                    if out.delta_logprobs and chat:
+                        lp = self.logprobs.chat(out.delta_logprobs)
+                    elif out.delta_logprobs:
+                        lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
+                    if out.delta_text or out.finished or ids or lp:
+                        yield sse(stream_chunk(index=i, text=out.delta_text, finish_reason=finish_reason_of(out),
+                                               token_ids=ids, logprobs=lp, **chunk))
+        except RuntimeError as e:  # the engine loop failed or stopped under this request
+            yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
+        if req.include_usage:
+            yield sse(usage_chunk(outs=finals, **chunk))
+        yield SSE_DONE
+
+
+class ChoiceStreams:
+    """The engine streams of one request's choices: started together, merged as outputs arrive,
+    closed together (closing a stream that has not finished aborts its request, freeing its KV)."""
+
+    def __init__(self, gens: list):
+        self.gens = gens
+        self.firsts: list[RequestOutput] = []
+
+    @classmethod
+    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str) -> ChoiceStreams:
+        """Bad input surfaces here (400 naming ``prompt_field``), before any byte of the answer."""
+        ids = [rid] if len(params) == 1 else [f"{rid}-{i}" for i in range(len(params))]
+        self = cls([aeng.generate(prompt, p, request_id=i) for p, i in zip(params, ids)])
+        firsts = await asyncio.gather(*(g.__anext__() for g in self.gens), return_exceptions=True)
+        errors = [f for f in firsts if isinstance(f, BaseException)]
+        if errors:
+            await self.aclose()
+            raise _first_error(errors[0], prompt_field)
+        self.firsts = firsts
+        return self
+
+    async def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) in arrival order, the first outputs first."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, gen) -> None:
+            try:
+                async for out in gen:  # (a finished choice's stream just ends)
+                    queue.put_nowait((i, out))
+                queue.put_nowait((i, None))
+            except Exception as e:  # handed to the consumer
+                queue.put_nowait((i, e))
+
+        for i, first in enumerate(self.firsts):
+            yield i, first
+        tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.gens)]
+        try:
+            for _ in range(len(tasks)):
+                while True:
+                    i, item = await queue.get()
+                    if item is None:
+                        break
+                    if isinstance(item, Exception):
+                        raise item
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def collect(self) -> tuple[list[RequestOutput], list[list | None]]:
+        """Final output and all logprobs (None when not asked) of every choice."""
+        finals = list(self.firsts)
+        logprobs: list[list | None] = [None if f.delta_logprobs is None else [] for f in self.firsts]
+        try:
+            async with aclosing(self.merged()) as merged:  # a cancelled handler (client gone) aborts every choice
+                async for i, out in merged:
+                    finals[i] = out
+                    if out.delta_logprobs:
+                        logprobs[i].extend(out.delta_logprobs)
+        except RuntimeError as e:
+            raise APIError(503, f"engine unavailable: {e}", code="engine_unavailable") from None
+        return finals, logprobs
+
+    async def aclose(self) -> None:
+        for g in self.gens:
+            await g.aclose()
+
+
+def _first_error(e: BaseException, prompt_field: str) -> BaseException:
+    if isinstance(e, ValueError):
+        msg = str(e)
+        code = "context_length_exceeded" if "context" in msg else None
+        return APIError(400, f"{prompt_field}: {msg}", param=prompt_field, code=code)
+    if isinstance(e, RuntimeError):
+        return APIError(503, f"engine unavailable: {e}", code="engine_unavailable")
+    return e
+
+
+class EventStream:
+    """A streaming answer: SSE lines, then ``aclose()``, which aborts what is still running and
+    gives the admission room back. Call it on every exit path; it also works when the stream was
+    never iterated (a client gone before the first byte), which an async generator's finally does not."""
+
+    def __init__(self, events: AsyncIterator[str], choices: ChoiceStreams, ticket: Ticket):
+        self._events, self._choices, self._ticket = events, choices, ticket
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> str:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+            await self._choices.aclose()
+        finally:
+            self._ticket.release()

@@ -1,0 +1,348 @@
+"""`specray bench` / `specray tune`: the metric arithmetic, stratified sampling, bad input, one small
+in-process run on the default model (JSON + Markdown + PNG), the HTTP client against a fake
+OpenAI-compatible streaming server, the transformers peers and a tune run."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi import FastAPI, Request  # module level: the fake app's string annotations resolve here
+from fastapi.responses import StreamingResponse
+
+from benchmarks.metrics_math import mean_accepted_length, per_position_acceptance, percentile, speedup, tpot_s
+from benchmarks.prompt_set import BenchPrompt, allocate, load_prompt_set, stratified_sample
+from benchmarks.results import RequestRecord, Run, Variant, add_speedups, run_row
+from benchmarks.tune import recommend
+from cluster.cli import main
+
+BENCH500_MIX = {"short_qa": 150, "summarization": 100, "code_generation": 80, "creative_writing": 50,
+                "translation": 70, "structured_output": 50}
+SHORT_PROMPTS = {
+    "short_qa": ["What is 2+2?", "Name a primary color.", "What is the capital of France?", "Define gravity briefly."],
+    "code_generation": ["Write a Python function that adds two numbers.", "Write a bash command to list files."],
+    "translation": ["Translate to French: Good morning, my friend.", "Translate to German: The cat sleeps."],
+}
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    """8 short chat prompts in 3 categories, the bench500 line shape."""
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    lines = [{"id": f"{c}-{i}", "category": c, "messages": [{"role": "user", "content": p}], "max_tokens": 64}
+             for c, ps in SHORT_PROMPTS.items() for i, p in enumerate(ps)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _mix(counts: dict[str, int]) -> list[BenchPrompt]:
+    return [BenchPrompt(f"{c}-{i}", c, "x") for c, n in counts.items() for i in range(n)]
+
+
+# ---- the arithmetic -------------------------------------------------------------------------
+
+def test_percentile_matches_numpy_linear():
+    rng = random.Random(1)
+    for n in (1, 2, 5, 20, 101):
+        xs = [rng.uniform(0, 10) for _ in range(n)]
+        for q in (0, 50, 95, 99, 100):
+            assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError, match="q=101"):
+        percentile([1.0], 101)
+
+
+def test_tpot_speedup_and_acceptance_definitions():
+    assert tpot_s(e2e_s=1.0, ttft_s=0.2, output_tokens=5) == pytest.approx(0.2)
+    assert tpot_s(1.0, 0.2, 1) is None  # one token: no time *per output token after the first*
+    assert speedup(30.0, 15.0) == 2.0
+    assert speedup(30.0, None) is None and speedup(30.0, 0.0) is None
+    assert mean_accepted_length(accepted=6, drafts=4) == 2.5 and mean_accepted_length(0, 0) is None
+    assert per_position_acceptance([4, 2], drafts=4) == [1.0, 0.5]
+
+
+def test_budget_caps_the_prompts_own_max_tokens():
+    assert BenchPrompt("a", "c", "x", max_tokens=300).budget(None) == 300
+    assert BenchPrompt("a", "c", "x", max_tokens=300).budget(64) == 64
+    assert BenchPrompt("a", "c", "x", max_tokens=20).budget(64) == 20
+    assert BenchPrompt("a", "c", "x").budget(64) == 64
+
+
+def test_stratified_sample_keeps_proportions_and_is_deterministic():
+    items = _mix(BENCH500_MIX)
+    random.Random(0).shuffle(items)
+    sample = stratified_sample(items, 50, seed=7)
+    counts = {c: sum(p.category == c for p in sample) for c in BENCH500_MIX}
+    assert counts == {c: n // 10 for c, n in BENCH500_MIX.items()}  # exactly 10% of each
+    assert [p.id for p in stratified_sample(items, 50, seed=7)] == [p.id for p in sample]
+    assert [p.id for p in stratified_sample(items, 50, seed=8)] != [p.id for p in sample]
+    pos = {p.id: i for i, p in enumerate(items)}
+    assert [pos[p.id] for p in sample] == sorted(pos[p.id] for p in sample)  # file order kept
+    for n in (1, 7, 33, 499, 500):  # uneven shares: each category gets floor or ceil of its share
+        got = allocate(BENCH500_MIX, n)
+        assert sum(got.values()) == n
+        assert all(math.floor(n * k / 500) <= got[c] <= math.ceil(n * k / 500) for c, k in BENCH500_MIX.items())
+    with pytest.raises(ValueError, match="--sample 501"):
+        stratified_sample(items, 501)
+
+
+def _rec(cat, tokens, e2e, ttft=0.1, drafts=0, draft_tokens=0, accepted=0, per_pos=()):
+    return RequestRecord(cat, tokens, e2e, ttft, drafts, draft_tokens, accepted, list(per_pos))
+
+
+def test_summary_rows_and_speedups_per_category():
+    base = Run("none", Variant(), 0.0, 1, 4.0, [_rec("a", 10, 1.0), _rec("b", 30, 3.0)])
+    spec = Run("ngram", Variant(spec_tokens=2), 0.0, 1, 2.0,
+               [_rec("a", 10, 0.5, drafts=4, draft_tokens=8, accepted=6, per_pos=[4, 2]),
+                _rec("b", 30, 1.5, drafts=10, draft_tokens=20, accepted=5, per_pos=[5])])
+    other_c = Run("ngram", Variant(spec_tokens=2), 0.0, 8, 1.0, [_rec("a", 10, 0.5)])
+    rows = [run_row(r) for r in (base, spec, other_c)]
+    add_speedups(rows)
+    b, s, o = rows
+    assert b["tokens_per_s"] == 10.0 and b["speedup"] == 1.0
+    assert s["tokens_per_s"] == 20.0 and s["speedup"] == 2.0
+    assert o["speedup"] is None  # no baseline at concurrency 8 in this run
+    assert s["acceptance_rate"] == pytest.approx(11 / 28)
+    assert s["mean_accepted_length"] == pytest.approx(1 + 11 / 14)
+    assert s["per_position_acceptance"] == pytest.approx([9 / 14, 2 / 14])
+    assert s["tpot_p50_s"] == pytest.approx(percentile([(0.5 - 0.1) / 9, (1.5 - 0.1) / 29], 50))
+    assert s["categories"]["a"]["speedup"] == pytest.approx(2.0)
+    assert s["categories"]["b"]["acceptance_rate"] == pytest.approx(0.25)
+
+
+def _tune_row(c, k, tps, speedup_):
+    return {"method": "none" if k == 0 else "ngram", "spec": f"K={k}", "spec_tokens": k or None, "tree": None,
+            "concurrency": c, "tokens_per_s": tps, "speedup": speedup_}
+
+
+def test_recommend_prefers_smaller_k_on_ties_and_off_when_speculation_loses():
+    rows = [_tune_row(1, 0, 10.0, 1.0), _tune_row(1, 3, 15.0, 1.5), _tune_row(1, 5, 15.2, 1.52),
+            _tune_row(8, 0, 40.0, 1.0), _tune_row(8, 3, 30.0, 0.75), _tune_row(8, 5, 28.0, 0.7)]
+    rec = recommend(rows, tolerance=0.02)
+    assert rec["per_concurrency"][1]["spec_tokens"] == 3  # 15.0 is within 2% of 15.2
+    assert recommend(rows, tolerance=0.0)["per_concurrency"][1]["spec_tokens"] == 5
+    assert rec["per_concurrency"][8]["method"] == "none"
+    label, score = rec["overall"]
+    assert label == "K=3" and score == pytest.approx(math.sqrt(1.5 * 0.75))
+
+
+def test_prompt_set_names_the_bad_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"category": "a", "messages": [{"role": "user", "content": "hi"}]}\n{"category": "a"}\n')
+    with pytest.raises(ValueError, match=f"{f}:2"):
+        load_prompt_set(f)
+    f.write_text('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}\n')
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        load_prompt_set(f)
+
+
+# ---- bad input: one line naming the value, exit 2, before anything loads -----------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--draft", "ngram,eagle9"], "'eagle9'"),
+    (["--draft", "layerskip:x"], "layerskip:x"),
+    (["--concurrency", "1,x"], "--concurrency '1,x'"),
+    (["--concurrency", "0,2"], "--concurrency '0,2'"),
+    (["--temperature", "-1"], "--temperature '-1'"),
+    (["--spec-tokens", "3,0"], "--spec-tokens '3,0'"),
+    (["--sample", "9"], "--sample 9"),
+    (["--max-tokens", "0"], "--max-tokens 0"),
+    (["--tree", "1,0"], "--tree '1,0'"),
+    (["--kv-cache-gb", "0"], "--kv-cache-gb 0.0"),
+])
+def test_bench_bad_input_one_line_exit_2(capsys, prompts_file, argv, needle):
+    code, out, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("specray: error: ") and err.count("\n") == 1, err
+    assert needle in err and "Traceback" not in err
+
+
+def test_bench_missing_prompts_and_unreachable_url(capsys, prompts_file, tmp_path):
+    code, _, err = run_cli(capsys, "bench", "--prompts", str(tmp_path / "nope.jsonl"))
+    assert code == 2 and "nope.jsonl" in err and err.count("\n") == 1
+    url = f"http://127.0.0.1:{_free_port()}"
+    start = time.perf_counter()
+    code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--url", url)
+    assert code == 2 and f"--url {url}: unreachable" in err and err.count("\n") == 1, err
+    assert time.perf_counter() - start < 30
+    code, _, err = run_cli(capsys, "tune", "--prompts", str(prompts_file), "--draft", "none")
+    assert code == 2 and "--draft 'none'" in err
+
+
+# ---- the in-process sweep on the default model --------------------------------------------------
+
+# One torch thread in these runs: the test box's 2 cores are shared, and oversubscribed torch
+# threads make a step several times slower.
+@pytest.fixture(scope="module")
+def bench_out(prompts_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    code = main(["bench", "--prompts", str(prompts_file), "--sample", "6", "--max-tokens", "8",
+                 "--concurrency", "1,2", "--draft", "ngram", "--out", str(out), "--threads", "1"])
+    assert code == 0
+    return out
+
+
+@pytest.mark.model
+def test_bench_writes_json_markdown_and_plots(bench_out):
+    doc = json.loads((bench_out / "bench.json").read_text())
+    assert doc["prompts"]["num_prompts"] == 6
+    assert doc["prompts"]["categories"] == {"code_generation": 2, "short_qa": 3, "translation": 1}
+    runs = {(r["method"], r["concurrency"]): r for r in doc["runs"]}
+    assert set(runs) == {("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)}
+    for (method, c), r in runs.items():
+        assert r["output_tokens"] <= 6 * 8 and r["num_errors"] == 0
+        assert r["tokens_per_s"] > 0 and r["e2e_p95_s"] >= r["e2e_p50_s"] > 0
+        assert r["ttft_p50_s"] > 0 and r["tpot_p50_s"] > 0
+        assert set(r["categories"]) == {"code_generation", "short_qa", "translation"}
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / runs[("none", c)]["tokens_per_s"])
+        if method == "none":
+            assert r["acceptance_rate"] is None and r["per_position_acceptance"] == []
+        else:
+            assert 0 <= r["acceptance_rate"] <= 1 and r["mean_accepted_length"] >= 1
+            # greedy speculation is lossless: the same tokens, so the same count, as the baseline
+            assert r["output_tokens"] == runs[("none", c)]["output_tokens"]
+    md = (bench_out / "bench.md").read_text()
+    assert "## Runs" in md and "## Per category" in md and "| ngram | K=5 | 0 | 2 |" in md
+    for name in ("speedup_vs_concurrency.png", "speedup_vs_temperature.png", "speedup_vs_k.png"):
+        assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.model
+def test_tune_recommends_a_measured_candidate(capsys, prompts_file):
+    code, out, _ = run_cli(capsys, "tune", "--prompts", str(prompts_file), "--sample", "2", "--draft", "ngram",
+                           "--spec-tokens", "1,3", "--tree", "1,2", "--max-tokens", "8", "--threads", "1", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [r["spec"] for r in doc["runs"]] == ["-", "K=1", "K=3", "tree 1,2"]
+    assert doc["runs"][3]["tree"] == "1,2" and doc["runs"][3]["output_tokens"] == doc["runs"][0]["output_tokens"]
+    best = max(r["tokens_per_s"] for r in doc["runs"])
+    chosen = next(r for r in doc["runs"] if (r["spec"] if r["method"] == "ngram" else "off (K=0)")
+                  == doc["recommended"]["1"])
+    assert chosen["tokens_per_s"] >= best * (1 - 0.02)
+
+
+@pytest.mark.model
+def test_peers_plain_and_prompt_lookup_with_ratios(prompts_file):
+    from benchmarks.peers import attach_ratios, run_peers
+
+    prompts = load_prompt_set(prompts_file)[:2]
+    peers = run_peers("smollm2-135m", prompts, 4, ["ngram", "layerskip:4"], [2], threads=1)
+    by_name = {p.peer: p for p in peers}
+    assert set(by_name) == {"transformers.generate", "transformers.prompt_lookup", "transformers.assisted"}
+    for name in ("transformers.generate", "transformers.prompt_lookup"):
+        assert 0 < by_name[name].output_tokens <= 8 and by_name[name].tokens_per_s > 0
+    assert by_name["transformers.prompt_lookup"].spec_tokens == 2
+    assert "not a draft model" in by_name["transformers.assisted"].note
+    rows = [{"method": "none", "spec_tokens": None, "tree": None, "concurrency": 1, "temperature": 0.0,
+             "tokens_per_s": 2 * by_name["transformers.generate"].tokens_per_s}]
+    attach_ratios(peers, rows)
+    assert by_name["transformers.generate"].ratio == pytest.approx(2.0)
+    assert by_name["transformers.prompt_lookup"].ratio is None and "no specray run" in by_name[
+        "transformers.prompt_lookup"].note
+
+
+# ---- the HTTP client against a fake OpenAI-compatible streaming server -------------------------
+
+TOKEN_DELAY_S = 0.02
+
+
+def _fake_openai_app(seen: list[dict]):
+    """Streams max_tokens words; with spec_tokens > 0 two tokens per step (half the delay) and a
+    specray-style speculation object in the usage chunk (one of K drafts accepted per step)."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "fake-spec", "object": "model", "created": 0, "owned_by": "t"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: Request):
+        body = await req.json()
+        seen.append(body)
+        n, k = body["max_tokens"], body.get("spec_tokens") or 0
+        per_step = 2 if k else 1
+
+        def chunk(delta, finish=None, **extra):
+            return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0,
+                                          "model": "fake-spec", "choices": [] if delta is None else [
+                                              {"index": 0, "delta": delta, "finish_reason": finish}], **extra}) + "\n\n"
+
+        async def stream():
+            yield chunk({"role": "assistant", "content": ""})
+            for i in range(0, n, per_step):
+                await asyncio.sleep(TOKEN_DELAY_S)
+                for j in range(i, min(i + per_step, n)):
+                    yield chunk({"content": f"w{j} "})
+            yield chunk({}, "length")
+            steps = math.ceil(n / per_step)
+            spec = {"num_drafts": steps, "num_draft_tokens": steps * k, "num_accepted_tokens": steps,
+                    "acceptance_rate": 1 / k, "accepted_per_pos": [steps]} if k else None
+            usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+            yield chunk(None, usage=usage, speculation=spec)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    import uvicorn
+
+    seen: list[dict] = []
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(_fake_openai_app(seen), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}", seen
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_url_bench_streams_with_parallel_clients(capsys, prompts_file, fake_server):
+    url, seen = fake_server
+    code, out, err = run_cli(capsys, "bench", "--url", url, "--prompts", str(prompts_file), "--sample", "4",
+                           "--concurrency", "1,2", "--temperature", "0.7", "--spec-tokens", "2",
+                           "--max-tokens", "6", "--seed", "11", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    runs = {(r["method"], r["concurrency"]): r for r in doc["runs"]}
+    assert set(runs) == {("none", 1), ("none", 2), ("fake-spec", 1), ("fake-spec", 2)}
+    measured = [b for b in seen if b["max_tokens"] == 6]  # the warm-up requests ask for 8 tokens
+    assert len(measured) == 16
+    assert sorted({b["spec_tokens"] for b in measured}) == [0, 2]
+    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in measured)
+    assert sorted({b["seed"] for b in measured}) == [11, 12, 13, 14] and {b["temperature"] for b in measured} == {0.7}
+    for (method, c), r in runs.items():
+        assert r["output_tokens"] == 4 * 6 and r["num_errors"] == 0
+        assert r["ttft_p50_s"] >= TOKEN_DELAY_S and r["e2e_p50_s"] > r["ttft_p50_s"]
+        if method == "fake-spec":
+            assert r["acceptance_rate"] == pytest.approx(0.5) and r["mean_accepted_length"] == pytest.approx(2.0)
+            assert r["per_position_acceptance"] == [1.0]
+            assert r["speedup"] > 1.2  # two tokens per delay instead of one
+    assert runs[("none", 2)]["tokens_per_s"] > 1.3 * runs[("none", 1)]["tokens_per_s"]  # clients run in parallel

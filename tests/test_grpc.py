@@ -1,0 +1,276 @@
+"""The gRPC ingress (specray.v1.Generation) through Ray Serve's gRPC proxy, called with the committed
+stubs: same greedy output as the in-process engine, streamed deltas that join to the unary answer,
+usage and speculation right, bad input answered with the gRPC status and a message that names the
+field; plus the stubs regenerate identically and the status table."""
+from __future__ import annotations
+
+import socket
+
+import grpc
+import pytest
+
+from actors.sampling_params import SamplingParams
+from cluster.config import EngineConfig, SpeculativeConfig
+from deployments.protos import specray_pb2 as pb
+from deployments.protos import specray_pb2_grpc
+
+MODEL = "smollm2-135m"
+APP = "specray-grpc-test"
+KEY = "grpc-test-key"
+META = (("application", APP), ("authorization", f"Bearer {KEY}"))
+PROMPT = "The three primary colours are"
+MESSAGES = [("user", "Name three colours.")]
+TOKENS = 16
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chat(**fields) -> pb.GenerateRequest:
+    return pb.GenerateRequest(messages=[pb.ChatMessage(role=r, content=c) for r, c in MESSAGES], **fields)
+
+
+# ---- no server needed ---------------------------------------------------------------------------
+def test_regenerated_stubs_are_identical(tmp_path):
+    from deployments.protos.generate import REPO_ROOT, generate
+
+    for fresh in generate(tmp_path):
+        committed = REPO_ROOT / fresh.relative_to(tmp_path)
+        assert fresh.read_bytes() == committed.read_bytes(), (
+            f"{committed.name} is stale: run python -m deployments.protos.generate")
+
+
+def test_status_table():
+    from deployments.grpc_ingress import grpc_code_of
+
+    codes = {400: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 404: "NOT_FOUND",
+             401: "UNAUTHENTICATED", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE", 500: "INTERNAL",
+             418: "UNKNOWN"}
+    assert {status: grpc_code_of(status).name for status in codes} == codes
+
+
+def test_request_conversion_shares_the_http_models():
+    from deployments.grpc_ingress import to_openai_request
+    from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
+
+    req, chat = to_openai_request(pb.GenerateRequest(prompt="hi", max_tokens=5, temperature=0.5, stop=["\n"],
+                                                     spec_tokens=0), stream=True)
+    assert isinstance(req, CompletionRequest) and not chat
+    assert (req.prompt, req.max_tokens, req.temperature, req.stop, req.spec_tokens) == ("hi", 5, 0.5, ["\n"], 0)
+    assert req.stream and req.include_usage and req.return_token_ids
+    assert req.top_p is None and req.seed is None  # absent stays absent: the HTTP side's defaults apply
+    req, chat = to_openai_request(_chat(top_k=3, seed=7, ignore_eos=True), stream=False)
+    assert isinstance(req, ChatCompletionRequest) and chat and not req.stream
+    assert (req.top_k, req.seed, req.ignore_eos, req.messages[0].content) == (3, 7, True, MESSAGES[0][1])
+    with pytest.raises(APIError, match="neither given"):
+        to_openai_request(pb.GenerateRequest(max_tokens=3), stream=False)
+    with pytest.raises(APIError, match="both given"):
+        to_openai_request(_chat(prompt="hi"), stream=False)
+    with pytest.raises(APIError, match="messages.0.role='robot'") as e:
+        to_openai_request(pb.GenerateRequest(messages=[pb.ChatMessage(role="robot", content="hi")]), stream=False)
+    assert e.value.status == 400 and e.value.param == "messages"
+
+
+def test_serve_command_grpc_port():
+    import argparse
+
+    from cluster.cli import BadInput
+    from cluster.serve_cli import add_serve_parser, cmd_serve, grpc_usage_text
+
+    sub = argparse.ArgumentParser(prog="specray").add_subparsers(dest="command")
+    add_serve_parser(sub)
+    assert sub.choices["serve"].parse_args([]).grpc_port is None  # gRPC is off unless asked for
+    args = sub.choices["serve"].parse_args(["--grpc-port", "70000"])
+    with pytest.raises(BadInput, match="--grpc-port 70000"):
+        cmd_serve(args)  # rejected before Ray or Serve start
+    text = grpc_usage_text("0.0.0.0", 9000)
+    assert "grpcurl -plaintext -H 'application: specray'" in text and "127.0.0.1:9000" in text
+    assert "specray.v1.Generation/Generate" in text and "GenerationStub" in text
+
+
+# ---- through Serve's gRPC proxy -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stub(ray_cluster):
+    from ray import serve
+
+    from deployments.app import build_app
+    from deployments.grpc_ingress import grpc_options
+    from deployments.serve_config import ServeArgs
+
+    # An API key, and room for two requests with no line, so that auth and overload are testable here.
+    args = ServeArgs(engine=_config(), num_cpus=1, api_key=KEY, max_ongoing_requests=2, max_queued_requests=0)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()}, grpc_options=grpc_options(port))
+    try:
+        serve.run(build_app(args), name=APP, route_prefix="/")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield specray_pb2_grpc.GenerationStub(channel)
+    finally:
+        serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(default_model):
+    """Greedy outputs of the in-process engine for the same prompts (completion, chat)."""
+    from cluster.engine import LLMEngine
+
+    eng = LLMEngine(_config(), loaded=default_model)
+    params = SamplingParams(max_tokens=TOKENS)
+    comp = eng.generate([PROMPT], params)[0]
+    chat = eng.generate([[{"role": r, "content": c} for r, c in MESSAGES]], params, chat=True)[0]
+    assert comp.num_output_tokens > 0 and chat.num_output_tokens > 0
+    return {"completion": comp, "chat": chat}
+
+
+def _check_speculation(spec: pb.Speculation) -> None:
+    assert spec.num_drafts >= 0 and 0 <= spec.num_accepted_tokens <= spec.num_draft_tokens
+    assert sum(spec.accepted_per_pos) == spec.num_accepted_tokens
+    if spec.num_draft_tokens:
+        assert spec.acceptance_rate == pytest.approx(spec.num_accepted_tokens / spec.num_draft_tokens)
+    else:
+        assert not spec.HasField("acceptance_rate")
+
+
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_unary_matches_in_process_engine(stub, reference, kind):
+    ref = reference[kind]
+    request = pb.GenerateRequest(prompt=PROMPT, max_tokens=TOKENS) if kind == "completion" else _chat(max_tokens=TOKENS)
+    r = stub.Generate(request, metadata=META, timeout=120)
+    assert r.id and r.model == MODEL
+    assert r.text == ref.text and list(r.token_ids) == ref.token_ids
+    assert r.finish_reason == ref.finish_reason
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (ref.num_prompt_tokens, len(ref.token_ids))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    _check_speculation(r.speculation)
+
+
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_stream_joins_to_unary(stub, reference, kind):
+    ref = reference[kind]
+    request = pb.GenerateRequest(prompt=PROMPT, max_tokens=TOKENS) if kind == "completion" else _chat(max_tokens=TOKENS)
+    chunks = list(stub.GenerateStream(request, metadata=META, timeout=120))
+    assert len(chunks) >= 2 and len({c.id for c in chunks}) == 1
+    assert "".join(c.delta_text for c in chunks) == ref.text
+    assert [t for c in chunks for t in c.delta_token_ids] == ref.token_ids
+    *body, last = chunks
+    assert all(not c.HasField("finish_reason") and not c.HasField("usage") for c in body)
+    assert last.finish_reason == ref.finish_reason
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (ref.num_prompt_tokens, len(ref.token_ids))
+    _check_speculation(last.speculation)
+
+
+@pytest.mark.ray
+@pytest.mark.model
+def test_speculation_off_per_request(stub):
+    r = stub.Generate(pb.GenerateRequest(prompt=PROMPT, max_tokens=TOKENS, spec_tokens=0), metadata=META, timeout=120)
+    assert r.usage.completion_tokens > 0
+    assert (r.speculation.num_drafts, r.speculation.num_draft_tokens) == (0, 0)
+
+
+BAD = [  # (request, status, words the details must contain)
+    (pb.GenerateRequest(prompt="hi", max_tokens=-1), grpc.StatusCode.INVALID_ARGUMENT, ["max_tokens", "-1"]),
+    (pb.GenerateRequest(prompt="hi", temperature=-1), grpc.StatusCode.INVALID_ARGUMENT, ["temperature", "-1"]),
+    (pb.GenerateRequest(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "empty"]),
+    (pb.GenerateRequest(prompt="hi", model="gpt-nope"), grpc.StatusCode.NOT_FOUND, ["model", "gpt-nope"]),
+    (pb.GenerateRequest(prompt="hello " * 20000), grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "context"]),
+    (pb.GenerateRequest(max_tokens=4), grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "messages"]),
+    (pb.GenerateRequest(messages=[pb.ChatMessage(role="robot", content="hi")]), grpc.StatusCode.INVALID_ARGUMENT,
+     ["messages.0.role", "robot"]),
+]
+
+
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.parametrize("method", ["Generate", "GenerateStream"])
+@pytest.mark.parametrize("request_,code,words", BAD, ids=[f"{b[1].name}-{b[2][0]}" for b in BAD])
+def test_bad_input_gets_status_and_details(stub, method, request_, code, words):
+    call = getattr(stub, method)
+    with pytest.raises(grpc.RpcError) as e:
+        if method == "GenerateStream":
+            list(call(request_, metadata=META, timeout=60))
+        else:
+            call(request_, metadata=META, timeout=60)
+    assert e.value.code() == code, e.value.details()
+    for word in words:
+        assert word in e.value.details()
+
+
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", KEY])
+def test_api_key_is_required(stub, authorization):
+    metadata = (("application", APP),) + ((("authorization", authorization),) if authorization else ())
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=2), metadata=metadata, timeout=60)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "authorization" in e.value.details()
+
+
+@pytest.mark.ray
+@pytest.mark.model
+def test_server_keeps_serving_after_errors(stub):
+    """Runs after the bad-input cases. Without `application` metadata Serve routes to the only app."""
+    for metadata in (META, META[1:]):
+        r = stub.Generate(pb.GenerateRequest(prompt="Hello", max_tokens=4), metadata=metadata, timeout=120)
+        assert r.usage.completion_tokens >= 1 and len(r.token_ids) == r.usage.completion_tokens
+
+
+def _wait_idle() -> dict:
+    """Engine stats once nothing runs and the admission room is all back (or after 20 s)."""
+    import time
+
+    from ray import serve
+
+    handle = serve.get_app_handle(APP)
+    for _ in range(100):
+        stats = handle.engine_stats.remote().result(timeout_s=30)
+        if not stats["has_unfinished"] and stats["admission_running"] == 0:
+            break
+        time.sleep(0.2)
+    return stats
+
+
+@pytest.mark.ray
+@pytest.mark.model
+def test_cancelled_stream_aborts_and_frees_kv(stub):
+    call = stub.GenerateStream(pb.GenerateRequest(prompt=PROMPT, max_tokens=1500, ignore_eos=True),
+                               metadata=META, timeout=120)
+    assert next(call).delta_token_ids
+    call.cancel()  # the proxy sees the cancelled call and cancels the replica's generator
+    stats = _wait_idle()
+    assert not stats["has_unfinished"], "the request kept running after the client cancelled"
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["admission_running"] == 0
+
+
+@pytest.mark.ray
+@pytest.mark.model
+def test_overload_is_resource_exhausted(stub):
+    long = pb.GenerateRequest(prompt=PROMPT, max_tokens=1500, ignore_eos=True)
+    running = [stub.GenerateStream(long, metadata=META, timeout=120) for _ in range(2)]
+    try:
+        for call in running:
+            assert next(call).delta_token_ids  # admitted: the replica's two places are taken
+        for method in ("Generate", "GenerateStream"):
+            with pytest.raises(grpc.RpcError) as e:
+                result = getattr(stub, method)(pb.GenerateRequest(prompt="hi", max_tokens=2), metadata=META,
+                                               timeout=60)
+                if method == "GenerateStream":
+                    list(result)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+            assert "max_ongoing_requests=2" in e.value.details() and "retry after" in e.value.details()
+    finally:
+        for call in running:
+            call.cancel()
+    stats = _wait_idle()
+    assert not stats["has_unfinished"] and stats["admission_running"] == 0
+    assert stats["num_free_blocks"] == stats["num_blocks"]

@@ -39,7 +39,7 @@ class EngineBackend:
 
         tree = next((v.tree for v in variants if v.tree), None)
         max_k = max((v.spec_tokens or 0 for v in variants), default=0)
-        spec = SpeculativeConfig.from_draft_arg(method, max_k, tree)
+        spec = SpeculativeConfig.from_draft_arg(method, max_k, tree, adaptive=any(v.adaptive for v in variants))
         return EngineConfig(model=self.model, speculative=spec, **self.engine_options)
 
     def engine(self, cfg, proposer=None):
@@ -74,7 +74,8 @@ class EngineBackend:
         from actors.sampling_params import SamplingParams
 
         params = [SamplingParams(max_tokens=p.budget(self.max_tokens), temperature=temperature,
-                                 seed=self.seed + i if temperature > 0 else None, spec_tokens=variant.spec_tokens)
+                                 seed=self.seed + i if temperature > 0 else None,
+                                 spec_tokens=None if variant.adaptive else variant.spec_tokens)
                   for i, p in enumerate(prompts)]
         start = time.perf_counter()
         outs = engine.generate([p.prompt for p in prompts], params, chat=True, concurrency=concurrency)

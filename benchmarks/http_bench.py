@@ -60,7 +60,7 @@ class HttpBackend:
 
     def _run(self, method: str, variant: Variant, prompts: list[BenchPrompt], concurrency: int,
              temperature: float, max_tokens: int | None = None) -> Run:
-        spec = 0 if method == BASELINE else variant.spec_tokens
+        spec = 0 if method == BASELINE else (None if variant.adaptive else variant.spec_tokens)
         start = time.perf_counter()
         records = asyncio.run(self._serve(prompts, concurrency, temperature, spec, max_tokens))
         return Run(method, variant, temperature, concurrency, time.perf_counter() - start, records)

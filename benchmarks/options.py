@@ -26,6 +26,15 @@ def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def parse_spec_tokens(text: str) -> tuple[list[int], bool]:
+    """'1,3,5,auto' -> ([1, 3, 5], True): fixed chain lengths, plus whether to also run the
+    engine's adaptive policy (up to the largest K; 5 when no K is listed)."""
+    parts = [x.strip() for x in text.split(",")]
+    adaptive = "auto" in parts
+    numbers = ",".join(x for x in parts if x != "auto")
+    return (parse_int_list("--spec-tokens", numbers) if numbers else [5]), adaptive
+
+
 def parse_float_list(flag: str, text: str, minimum: float = 0.0) -> list[float]:
     try:
         values = [float(x) for x in text.split(",")]
@@ -94,7 +103,8 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
                    help="N prompts, stratified by category (deterministic for a --seed)")
     p.add_argument("--seed", type=int, default=0, help="sample choice and per-request sampling seeds")
     p.add_argument("--concurrency", default=concurrency, metavar="C1,C2,...", help="requests in flight")
-    p.add_argument("--spec-tokens", default=spec_tokens, metavar="K1,K2,...", help="draft tokens per step (chain)")
+    p.add_argument("--spec-tokens", default=spec_tokens, metavar="K1,K2,...[,auto]",
+                   help="draft tokens per step (chain); `auto` adds a run of the adaptive policy up to the largest K")
     p.add_argument("--tree", default=None, help="also measure this token tree (expansion config, e.g. 1,1,3,1,1)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="cap per prompt (default: each prompt's own max_tokens)")

@@ -34,11 +34,14 @@ class Variant:
 
     spec_tokens: int | None = None
     tree: str | None = None
+    adaptive: bool = False  # the engine's adaptive policy picks each depth, up to spec_tokens
 
     @property
     def label(self) -> str:
         if self.tree:
             return f"tree {self.tree}"
+        if self.adaptive:
+            return f"auto K<={self.spec_tokens}"
         return "-" if self.spec_tokens is None else f"K={self.spec_tokens}"
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.options import (add_common_args, check_counts, check_tree, engine_options, parse_float_list,
-                                parse_int_list, parse_methods, select_prompts)
+                                parse_int_list, parse_methods, parse_spec_tokens, select_prompts)
 from benchmarks.results import add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
 
@@ -64,7 +64,7 @@ def cmd_bench(args) -> int:
     methods = parse_methods(args.draft or "ngram,layerskip:8")
     concurrency = parse_int_list("--concurrency", args.concurrency)
     temperatures = parse_float_list("--temperature", args.temperature)
-    spec_tokens = parse_int_list("--spec-tokens", args.spec_tokens)
+    spec_tokens, adaptive = parse_spec_tokens(args.spec_tokens)
     tree = check_tree(args.tree)
     prompts_path, prompts = select_prompts(args.prompts, args.sample, args.seed)
     out_dir = Path(args.out) if args.out else None
@@ -72,7 +72,7 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
     backend, server_methods = _backend(args)
     methods = server_methods or methods
-    groups = plan_groups(methods, spec_tokens, tree)
+    groups = plan_groups(methods, spec_tokens, tree, adaptive)
     rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temperatures, concurrency)]
     add_speedups(rows)
     peers = _peers(args, prompts, methods, spec_tokens, rows) if args.peers else []

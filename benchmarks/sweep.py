@@ -32,12 +32,17 @@ class Group:
     variants: tuple[Variant, ...]
 
 
-def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None) -> list[Group]:
+def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,
+                adaptive: bool = False) -> list[Group]:
+    """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens)."""
     groups = [Group(BASELINE, (Variant(),))]
     for m in methods:
         if m == BASELINE:
             continue
-        groups.append(Group(m, tuple(Variant(spec_tokens=k) for k in spec_tokens)))
+        variants = [Variant(spec_tokens=k) for k in spec_tokens]
+        if adaptive:
+            variants.append(Variant(spec_tokens=max(spec_tokens), adaptive=True))
+        groups.append(Group(m, tuple(variants)))
         if tree:
             groups.append(Group(m, (Variant(tree=tree),)))
     return groups

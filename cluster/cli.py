@@ -22,6 +22,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "of the default model) | eagle:PATH (an EAGLE head file) | path of a draft model")
     p.add_argument("--spec-tokens", type=int, default=5, help="K: draft tokens per step (chain)")
     p.add_argument("--tree", default=None, help="expansion config, e.g. 1,1,3,1,1 (replaces the chain)")
+    p.add_argument("--fixed-spec", action="store_true",
+                   help="always draft the full K / tree (default: adapt each sequence's depth, 0..K, to measured "
+                        "acceptance and draft/verify cost)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--num-kv-blocks", type=int, default=None)
@@ -71,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_config_from_args(args):
     from cluster.config import EngineConfig, SpeculativeConfig
 
-    spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, args.tree)
+    spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, args.tree,
+                                            adaptive=not getattr(args, "fixed_spec", False))
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,

@@ -27,6 +27,9 @@ class SpeculativeConfig(BaseModel):
     eagle_head: str | None = None
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
+    # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
+    # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
+    adaptive: bool = True
 
     @field_validator("tree", mode="before")
     @classmethod
@@ -54,11 +57,12 @@ class SpeculativeConfig(BaseModel):
         return expansion_num_nodes(self.expansion) if self.expansion else 0
 
     @classmethod
-    def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None) -> "SpeculativeConfig":
+    def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
+                       adaptive: bool = True) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (the committed
         EAGLE head of the model), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
         draft = (draft or "none").strip()
-        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree)
+        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in ("default", "eagle"):

@@ -19,6 +19,7 @@ from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
+from actors.spec_policy import DecodeSlot, SpecPolicy
 from actors.tree import TokenTree, expansion_num_nodes
 from actors.verifier import SeqChunk, Verifier
 from cluster.config import EngineConfig
@@ -63,6 +64,9 @@ class LLMEngine:
                                         config.block_size)
         self.proposer = proposer or (build_proposer(spec, self, draft_loaded) if spec.enabled else None)
         self._needs_hidden = getattr(self.proposer, "needs_hidden", False)
+        # per step, per sequence: how deep to draft (0 = plain decoding), from measured costs
+        self.spec_policy = (SpecPolicy(len(spec.expansion)) if self.proposer is not None and spec.adaptive
+                            else None)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
         self.detok = Detokenizer(self.tokenizer)
@@ -140,7 +144,12 @@ class LLMEngine:
         self._apply(sched.scheduled, trees, spans, logits)
         if hidden is not None:
             observe_committed(self.proposer, sched.scheduled, chunks, trees, computed, hidden)
-        self.metrics.observe_step(t1 - t0 if trees else None, _now() - t1)
+        t2 = _now()
+        self.metrics.observe_step(t1 - t0 if trees else None, t2 - t1)
+        if self.spec_policy is not None:
+            self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1)
+            if trees:
+                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
 
@@ -174,13 +183,15 @@ class LLMEngine:
         return exp
 
     def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, TokenTree]:
+        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
+        cands = [(s, exp) for s, exp in cands if exp]
+        if self.spec_policy is not None and cands:
+            cands = self._adapt_depths(scheduled, cands)
         reqs = []
-        for s in scheduled:
-            exp = self._expansion_for(s.seq, s.num_spec) if s.is_decode and s.num_spec else []
-            if exp:
-                seq = s.seq
-                reqs.append(DraftRequest(seq.seq_id, seq.token_ids, exp, s.num_spec, seq.params,
-                                         seq.generator, self.scheduler.block_tables[seq.seq_id]))
+        for s, exp in cands:
+            seq = s.seq
+            reqs.append(DraftRequest(seq.seq_id, seq.token_ids, exp, s.num_spec, seq.params,
+                                     seq.generator, self.scheduler.block_tables[seq.seq_id]))
         trees: dict[int, TokenTree] = {}
         if reqs:
             try:
@@ -192,6 +203,12 @@ class LLMEngine:
                 log.warning("proposer %s failed (%s); decoding this step without speculation",
                             getattr(self.proposer, "name", "?"), e, exc_info=self.num_proposer_failures == 1)
         return trees
+
+    def _adapt_depths(self, scheduled, cands):
+        """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
+        slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None) for s, exp in cands]
+        depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled))
+        return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]
 
     def _plan_forward(self, scheduled, trees):
         """Per sequence: its chunk, and (first row, row count) of the logits it needs."""
@@ -239,6 +256,8 @@ class LLMEngine:
                     dst.append(self.scheduler.slot(seq, nc + depth))
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
+            if self.spec_policy is not None and tree.size > 1:
+                self.spec_policy.record(seq.seq_id, tree.max_depth, len(res.accepted_nodes))
             self._append(seq, res.accepted_tokens + [res.next_token])
             if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
                 record_logprobs(seq, logits, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
@@ -289,6 +308,8 @@ class LLMEngine:
     def _release_draft(self, seq: Sequence) -> None:
         if self.proposer is not None:
             self.proposer.release(seq.seq_id)
+        if self.spec_policy is not None:
+            self.spec_policy.release(seq.seq_id)
 
     def _emit(self, seq: Sequence, prev_tokens: int) -> RequestOutput:
         text = self.detok.text_of(seq)

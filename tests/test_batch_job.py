@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from deployments import batch_output
 from deployments.batch import BatchJob, main
 from deployments.batch_input import BatchRequest, LineError, LineReader, resume_key
 from deployments.batch_output import OrderedWriter, read_existing
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 6
@@ -249,12 +249,6 @@ def test_rerun_resumes_skipping_written_lines_and_redoing_a_torn_one(engine, tmp
 
 
 # ---- a real `ray job submit` ---------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """A Ray head with the job server, on free ports, its own temp dir and its own auth token.
@@ -264,14 +258,14 @@ def ray_head(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("rayhead")
     temp_dir = Path(f"/tmp/rt{secrets.token_hex(4)}")  # short: Ray's socket paths must stay under 108 bytes
-    dash = _free_port()
+    dash = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(_free_port()),
+    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(free_port()),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
-           "--num-cpus", "2", "--temp-dir", str(temp_dir), "--ray-client-server-port", str(_free_port()),
-           "--dashboard-agent-listen-port", str(_free_port()), "--disable-usage-stats"]
+           "--num-cpus", "2", "--temp-dir", str(temp_dir), "--ray-client-server-port", str(free_port()),
+           "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"]
     with open(tmp / "ray_start.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{dash}"

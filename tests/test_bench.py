@@ -7,7 +7,6 @@ import asyncio
 import json
 import math
 import random
-import socket
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from benchmarks.prompt_set import BenchPrompt, allocate, load_prompt_set, strati
 from benchmarks.results import RequestRecord, Run, Variant, add_speedups, run_row
 from benchmarks.tune import recommend
 from cluster.cli import main
+from tests.ports import free_port
 
 BENCH500_MIX = {"short_qa": 150, "summarization": 100, "code_generation": 80, "creative_writing": 50,
                 "translation": 70, "structured_output": 50}
@@ -152,12 +152,6 @@ def test_prompt_set_names_the_bad_line(tmp_path):
 
 # ---- bad input: one line naming the value, exit 2, before anything loads -----------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("argv, needle", [
     (["--draft", "ngram,eagle9"], "'eagle9'"),
     (["--draft", "layerskip:x"], "layerskip:x"),
@@ -180,7 +174,7 @@ def test_bench_bad_input_one_line_exit_2(capsys, prompts_file, argv, needle):
 def test_bench_missing_prompts_and_unreachable_url(capsys, prompts_file, tmp_path):
     code, _, err = run_cli(capsys, "bench", "--prompts", str(tmp_path / "nope.jsonl"))
     assert code == 2 and "nope.jsonl" in err and err.count("\n") == 1
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     start = time.perf_counter()
     code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--url", url)
     assert code == 2 and f"--url {url}: unreachable" in err and err.count("\n") == 1, err
@@ -311,7 +305,7 @@ def fake_server():
     import uvicorn
 
     seen: list[dict] = []
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(_fake_openai_app(seen), host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -4,15 +4,14 @@ usage and speculation right, bad input answered with the gRPC status and a messa
 field; plus the stubs regenerate identically and the status table."""
 from __future__ import annotations
 
-import socket
 
 import grpc
 import pytest
 
-from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
 from deployments.protos import specray_pb2 as pb
 from deployments.protos import specray_pb2_grpc
+from tests.ports import free_port, greedy_reference
 
 MODEL = "smollm2-135m"
 APP = "specray-grpc-test"
@@ -25,12 +24,6 @@ TOKENS = 16
 
 def _config() -> EngineConfig:
     return EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chat(**fields) -> pb.GenerateRequest:
@@ -106,8 +99,8 @@ def stub(ray_cluster):
 
     # An API key, and room for two requests with no line, so that auth and overload are testable here.
     args = ServeArgs(engine=_config(), num_cpus=1, api_key=KEY, max_ongoing_requests=2, max_queued_requests=0)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()}, grpc_options=grpc_options(port))
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()}, grpc_options=grpc_options(port))
     try:
         serve.run(build_app(args), name=APP, route_prefix="/")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -119,14 +112,7 @@ def stub(ray_cluster):
 @pytest.fixture(scope="module")
 def reference(default_model):
     """Greedy outputs of the in-process engine for the same prompts (completion, chat)."""
-    from cluster.engine import LLMEngine
-
-    eng = LLMEngine(_config(), loaded=default_model)
-    params = SamplingParams(max_tokens=TOKENS)
-    comp = eng.generate([PROMPT], params)[0]
-    chat = eng.generate([[{"role": r, "content": c} for r, c in MESSAGES]], params, chat=True)[0]
-    assert comp.num_output_tokens > 0 and chat.num_output_tokens > 0
-    return {"completion": comp, "chat": chat}
+    return greedy_reference(default_model, _config(), PROMPT, [{"role": r, "content": c} for r, c in MESSAGES], TOKENS)
 
 
 def _check_speculation(spec: pb.Speculation) -> None:

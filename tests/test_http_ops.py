@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import socket
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from cluster.config import EngineConfig, SpeculativeConfig
 from deployments.admission import Admission
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 from deployments.serve_config import ServeArgs
+from tests.ports import free_port
 
 MODEL = "smollm2-135m"
 KEY = "sk-test-0123456789"
@@ -185,12 +185,6 @@ def test_deployment_options_follow_serve_args():
 
 
 # ---- over HTTP: one restrictive Serve application -------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 APP = "specray-ops"
 OPS_ARGS = dict(max_ongoing_requests=2, max_queued_requests=1, retry_after_s=2, api_key=KEY,
                 max_request_bytes=4096, num_cpus=1, graceful_shutdown_timeout_s=60)
@@ -203,7 +197,7 @@ def base_url(ray_cluster):
     from deployments.app import build_app
 
     engine = EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(build_app(ServeArgs(engine=engine, **OPS_ARGS)), name=APP, route_prefix="/")

@@ -4,7 +4,6 @@ HTTP middleware counts every answer, and a Serve app with two replicas shows the
 the traffic on /metrics."""
 from __future__ import annotations
 
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.sampling_params import SamplingParams
 from cluster.metrics import KV_TOTAL, KV_USAGE, KV_USED, EngineMetrics, Snapshot, merge_snapshots, render, snapshot
 from tests.tiny import tiny_engine
+from tests.ports import free_port
 
 K = 4
 MAX_TOKENS = 12
@@ -260,12 +260,6 @@ N_REQUESTS = 8
 KEY = "metrics-test-key"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_replicas(ray_cluster):
     from ray import serve
@@ -274,7 +268,7 @@ def two_replicas(ray_cluster):
     from deployments.app import build_app
     from deployments.serve_config import ServeArgs
 
-    port = _free_port()
+    port = free_port()
     cfg = EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", K))
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:

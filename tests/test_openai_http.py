@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import openai
 import pytest
 import requests
 
-from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
+from tests.ports import free_port, greedy_reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.model]
 
@@ -27,12 +26,6 @@ def _config() -> EngineConfig:
     return EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base_url(ray_cluster):
     from ray import serve
@@ -40,7 +33,7 @@ def base_url(ray_cluster):
     from deployments.app import build_app
     from deployments.serve_config import ServeArgs
 
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         serve.run(build_app(ServeArgs(engine=_config(), num_cpus=1)), name="specray-test", route_prefix="/")
@@ -52,14 +45,7 @@ def base_url(ray_cluster):
 @pytest.fixture(scope="module")
 def reference(default_model):
     """Greedy outputs of the in-process engine for the same prompts (completion, chat)."""
-    from cluster.engine import LLMEngine
-
-    eng = LLMEngine(_config(), loaded=default_model)
-    params = SamplingParams(max_tokens=TOKENS)
-    comp = eng.generate([PROMPT], params)[0]
-    chat = eng.generate([MESSAGES], params, chat=True)[0]
-    assert comp.num_output_tokens > 0 and chat.num_output_tokens > 0
-    return {"completion": comp, "chat": chat}
+    return greedy_reference(default_model, _config(), PROMPT, MESSAGES, TOKENS)
 
 
 @pytest.fixture(scope="module")

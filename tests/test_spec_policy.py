@@ -156,3 +156,30 @@ def test_fixed_and_disabled_slots_are_left_alone():
     for _ in range(40):
         depths = policy.choose(slots, base_tokens=3)
         assert depths[0] == 3 and depths[1] == 0 and 0 <= depths[2] <= 5
+
+
+# ---- wired into the engine -----------------------------------------------------------------------
+def test_engine_with_adaptive_policy_is_lossless_and_respects_fixed_requests(tiny_target_dir, tiny_prompts,
+                                                                           tiny_baseline):
+    """Whatever depth the policy picks (0..K), greedy output equals plain decoding; a request that
+    fixes spec_tokens drafts exactly that (the policy leaves it alone)."""
+    from actors.sampling_params import SamplingParams
+    from tests.tiny import TINY_MAX_TOKENS, tiny_engine
+
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)
+    assert eng.spec_policy is not None
+    params = SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True)
+    outs = eng.generate(tiny_prompts, params, concurrency=4)
+    assert [o.token_ids for o in outs] == tiny_baseline
+    assert eng.spec_policy.verify_cost.measured and eng.spec_policy.num_steps > 0
+    assert eng.spec_policy.acceptance.per_seq == {}  # released at finish
+    fixed = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True, spec_tokens=0))
+    assert [o.token_ids for o in fixed] == tiny_baseline[:2]
+    assert all(o.num_drafts == 0 for o in fixed)
+
+
+def test_fixed_spec_config_has_no_policy(tiny_target_dir):
+    from tests.tiny import tiny_engine
+
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=False)
+    assert eng.spec_policy is None

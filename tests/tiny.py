@@ -39,15 +39,17 @@ def _load(model_dir: str):
 
 
 def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
-                tree=None, **cfg):
-    """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model."""
+                tree=None, adaptive: bool = False, **cfg):
+    """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model.
+    Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it)."""
     from cluster.config import EngineConfig, SpeculativeConfig
     from cluster.engine import LLMEngine
 
     if draft == "draft":
-        spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_spec_tokens=k, tree=tree)
+        spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_spec_tokens=k, tree=tree,
+                                 adaptive=adaptive)
     else:
-        spec = SpeculativeConfig.from_draft_arg(draft, k, tree)
+        spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=adaptive)
     cfg.setdefault("block_size", 4)
     cfg.setdefault("num_kv_blocks", 256)
     config = EngineConfig(model=str(model_dir), speculative=spec, num_threads=2, **cfg)

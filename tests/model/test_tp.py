@@ -2,7 +2,6 @@
 logits of TP=1 (prefill + mixed decode/tree step), holding about half the parameter bytes each."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 from actors.model.layers import TPContext
 from actors.model.loader import load_model
 from tests.model import Chunk, make_batch, random_ids, random_tables
+from tests.ports import free_port
 
 BS = 4
 
@@ -51,18 +51,12 @@ def _worker(rank: int, port: int, model_dirs: list[str], out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tp2_matches_tp1(tiny_model_dir, tmp_path):
     dirs = [
         tiny_model_dir("llama", tie_word_embeddings=False),  # 4 heads, 2 KV heads: one KV head per rank
         tiny_model_dir("qwen2", num_key_value_heads=1, vocab_size=255),  # KV head replicated, vocab padded
     ]
-    mp.spawn(_worker, args=(_free_port(), [str(d) for d in dirs], str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), [str(d) for d in dirs], str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for i, model_dir in enumerate(dirs):
         single = load_model(model_dir).model

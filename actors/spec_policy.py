@@ -17,8 +17,9 @@ tokens per second of the whole batch:
   (marginal verify seconds per token): a fractional (Dinkelbach) iteration, a few rounds over a
   [B, K] array. Caps D = 0..K are compared, D = 0 being plain decoding.
 
-Estimates only move when sequences draft, so every ``explore_every`` steps the policy takes the
-full configured depth (alternately all-off) to keep both sides of the comparison measured.
+Estimates only move when sequences draft, so every ``explore_every`` steps one sequence (round
+robin) drafts its full depth whatever the choice: acceptance and the cost of deeper forwards stay
+measured at a bounded price (at most K extra tokens per ``explore_every`` steps).
 Everything here is plain arithmetic on floats: no torch, no engine state.
 """
 from __future__ import annotations
@@ -37,18 +38,20 @@ def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
 
 
 def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
-                  iterations: int = 6) -> tuple[np.ndarray, float]:
+                  base_yield: float | None = None, iterations: int = 6) -> tuple[np.ndarray, float]:
     """Depth per sequence maximising expected tokens per second of one step.
 
     gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
     acceptance rates; non-increasing along j); max_depths: [B] per-sequence limits (<= K);
-    base_tokens: tokens the forward carries anyway (roots + prefill chunks);
+    base_tokens: tokens the forward carries anyway (roots + prefill chunks); base_yield: tokens the
+    step yields without drafts (one per decoding sequence, also those not offered here; default B);
     verify_s(n) -> seconds for a forward of n tokens; draft_round_s(b) -> seconds of one draft
     round over b sequences. Returns (depths [B] int, goodput in tokens/s)."""
     B, K = gains.shape
+    y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
-    best_depths, best_rate = np.zeros(B, dtype=np.int64), B / max(verify_s(base_tokens), 1e-9)
+    best_depths, best_rate = np.zeros(B, dtype=np.int64), y0 / max(verify_s(base_tokens), 1e-9)
     for cap in range(1, int(max_depths.max(initial=0)) + 1):
         mask = allowed & (cols <= cap)
         take = mask.copy()
@@ -60,7 +63,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
                 break
             extra = int(depths.sum())
             t = verify_s(base_tokens + extra) + int(depths.max()) * draft_round_s(n_draft)
-            new_rate = (B + float((gains * take).sum())) / max(t, 1e-9)
+            new_rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if abs(new_rate - rate) < 1e-9 * max(new_rate, 1.0):
                 break
             rate = new_rate
@@ -70,7 +73,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
         depths = take.sum(axis=1)
         if depths.any():
             t = verify_s(base_tokens + int(depths.sum())) + int(depths.max()) * draft_round_s(int((depths > 0).sum()))
-            rate = (B + float((gains * take).sum())) / max(t, 1e-9)
+            rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if rate > best_rate * (1 + 1e-6):
                 best_depths, best_rate = depths.astype(np.int64), rate
     return best_depths, best_rate
@@ -146,9 +149,10 @@ class AcceptanceEstimator:
 class CostTable:
     """Seconds as a function of a size (tokens in a forward, sequences in a draft round): an EWMA
     per size (exact up to 32, power-of-two buckets above), linearly interpolated between measured
-    sizes; flat below the smallest (memory-bound); above the largest, the slope of the last two
-    points, capped at proportional growth (with one point: proportional, the pessimistic
-    compute-bound case)."""
+    sizes; below the smallest, proportional to the size; above the largest, the slope of the last
+    two points, capped at proportional growth (with one point: proportional). Unmeasured sizes
+    thus never look cheaper than proportional scaling suggests: speculation has to be measured to
+    pay before it is chosen."""
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
@@ -177,7 +181,7 @@ class CostTable:
             return 0.0
         pts = sorted(self.buckets.values())
         if n <= pts[0][0]:
-            return pts[0][1]
+            return pts[0][1] * n / pts[0][0]
         for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
             if n <= n1:
                 return s0 + (s1 - s0) * (n - n0) / max(n1 - n0, 1e-9)
@@ -206,24 +210,32 @@ class SpecPolicy:
         self.draft_cost = CostTable()
         self.num_steps = 0
         self.last_goodput: float | None = None
+        self.last_depth: dict[int, int] = {}
 
-    def choose(self, slots: list[DecodeSlot], base_tokens: int) -> list[int]:
-        """Depth per slot this step. base_tokens: tokens in the forward besides draft nodes."""
+    def begin_step(self) -> None:
+        """Once per engine step, before scheduling (exploration counts engine steps)."""
         self.num_steps += 1
+
+    def reserve(self, seq_id: int) -> bool:
+        """Whether the scheduler should hold draft slots (KV and token budget) for this sequence this
+        step: not for one the policy last kept at depth 0, except on exploration steps. Reserving for
+        every sequence would take the batch's token budget from prefills even when speculation is
+        off."""
+        return self.num_steps % self.explore_every == 0 or self.last_depth.get(seq_id, 1) > 0
+
+    def choose(self, slots: list[DecodeSlot], base_tokens: int, base_yield: int | None = None) -> list[int]:
+        """Depth per slot this step. base_tokens: tokens in the forward besides draft nodes;
+        base_yield: tokens the step yields without drafts (default: one per slot)."""
         if not slots:
             return []
         free = [i for i, s in enumerate(slots) if not s.fixed and s.max_depth > 0]
         depths = [s.max_depth if s.fixed else 0 for s in slots]
         if not free:
             return depths
-        explore = self.num_steps % self.explore_every
-        unmeasured = not (self.verify_cost.measured and self.draft_cost.measured)
-        if unmeasured or explore == 0:  # full speculation: measures its costs and acceptance
+        if not self.verify_cost.measured:  # nothing known yet: speculate, which measures
             for i in free:
                 depths[i] = slots[i].max_depth
-            return depths
-        if explore == self.explore_every // 2:  # all off: measures the plain-decoding side
-            return depths
+            return self._remember(slots, depths)
         prior = self.acceptance.global_rates()
         K = max(slots[i].max_depth for i in free)
         rates = np.array([self.acceptance.rates(slots[i].seq_id, prior)[:K] for i in free])
@@ -231,9 +243,17 @@ class SpecPolicy:
         fixed_extra = sum(d for d in depths)
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
-            self.verify_cost, self.draft_cost)
+            self.verify_cost, self.draft_cost, base_yield=len(slots) if base_yield is None else base_yield)
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
+        if self.num_steps % self.explore_every == 0:
+            i = free[(self.num_steps // self.explore_every) % len(free)]
+            depths[i] = slots[i].max_depth
+        return self._remember(slots, depths)
+
+    def _remember(self, slots: list[DecodeSlot], depths: list[int]) -> list[int]:
+        for s, d in zip(slots, depths):
+            self.last_depth[s.seq_id] = d
         return depths
 
     def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
@@ -248,3 +268,4 @@ class SpecPolicy:
 
     def release(self, seq_id: int) -> None:
         self.acceptance.release(seq_id)
+        self.last_depth.pop(seq_id, None)

@@ -32,6 +32,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="recompute every prompt (benchmarks that must not reuse earlier runs' prompts)")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
                    help="micro-batches per step so drafter workers overlap verification (with --ray --drafters)")
 
@@ -80,6 +82,7 @@ def engine_config_from_args(args):
         model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
         block_size=args.block_size, num_threads=args.threads, speculative=spec,
+        enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
         draft_overlap_micro_batches=args.draft_overlap,
     )
 

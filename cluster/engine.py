@@ -119,6 +119,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         if self._overlap is not None:  # drafts of one micro-batch overlap verification of another
             return self._overlap.step()
+        if self.spec_policy is not None:
+            self.spec_policy.begin_step()
         sched = self.scheduler.schedule(self._spec_budget)
         for seq in sched.preempted:
             self._release_draft(seq)
@@ -170,6 +172,9 @@ class LLMEngine:
         return True
 
     def _spec_budget(self, seq: Sequence) -> int:
+        policy = self.spec_policy
+        if policy is not None and seq.params.spec_tokens is None and not policy.reserve(seq.seq_id):
+            return 0
         return expansion_num_nodes(self._expansion_for(seq, None))
 
     def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
@@ -207,7 +212,8 @@ class LLMEngine:
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None) for s, exp in cands]
-        depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled))
+        depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
+                                         base_yield=sum(1 for s in scheduled if s.is_decode))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]
 
     def _plan_forward(self, scheduled, trees):

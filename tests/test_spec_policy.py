@@ -102,8 +102,8 @@ def test_cost_table_interpolates_and_extrapolates_pessimistically():
     assert t(10) == 0.0 and not t.measured
     t.observe(4, 0.04)
     assert t(8) == pytest.approx(0.08)  # one point: proportional above
+    assert t(1) == pytest.approx(0.01)  # and below
     t.observe(64, 0.10)
-    assert t(1) == pytest.approx(0.04)  # flat below
     assert 0.04 < t(32) < 0.10
     assert t(124) == pytest.approx(0.16)  # the last slope above
     t.observe(60, 0.2)  # same bucket as 64: averaged, not a new point
@@ -113,12 +113,13 @@ def test_cost_table_interpolates_and_extrapolates_pessimistically():
     assert len(t.buckets) == 2
 
 
-def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, steps: int, rng) -> list[int]:
-    """Run the policy against a simulated engine; returns the mean depth chosen per step."""
-    means = []
+def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, steps: int, rng) -> list[list[int]]:
+    """Run the policy against a simulated engine; returns the depths chosen at each step."""
+    chosen = []
     for step in range(steps):
-        slots = [DecodeSlot(seq_id=s, max_depth=5) for s in range(batch)]
-        depths = policy.choose(slots, base_tokens=batch)
+        policy.begin_step()
+        slots = [DecodeSlot(seq_id=s, max_depth=5 if policy.reserve(s) else 0) for s in range(batch)]
+        depths = policy.choose(slots, base_tokens=batch, base_yield=batch)
         for s, d in enumerate(depths):
             n = 0
             while n < d and rng.random() < accept_rate:
@@ -127,23 +128,40 @@ def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, st
         policy.observe_verify(batch + sum(depths), verify(batch + sum(depths)))
         if any(depths):
             policy.observe_draft(sum(1 for d in depths if d), max(depths), max(depths) * draft(batch))
-        means.append(sum(depths) / batch)
-    return means
+        chosen.append(depths)
+    return chosen
 
 
 def test_policy_turns_speculation_off_under_compute_bound_load():
+    """Batch 32, time proportional to tokens: after the first (unmeasured) step only the round-robin
+    explorer drafts, one sequence every 32 steps, each time a different one."""
     policy = SpecPolicy(max_depth=5, explore_every=32)
-    means = _drive(policy, lambda n: 0.001 * n, lambda b: 0.0005 * b, 0.5, 32, 200, random.Random(1))
-    steady = [m for i, m in enumerate(means[64:], start=65) if i % 32 not in (0, 16)]
-    assert max(steady) == 0.0
-    assert sum(m == 5 for m in means) >= 5  # exploration keeps measuring full speculation
+    steps = _drive(policy, lambda n: 0.001 * n, lambda b: 0.0005 * b, 0.5, 32, 200, random.Random(1))
+    assert steps[0] == [5] * 32
+    for i, depths in enumerate(steps[1:], start=2):
+        drafting = [s for s, d in enumerate(depths) if d]
+        assert len(drafting) == (1 if i % 32 == 0 else 0), (i, depths)
+        if i % 32 == 0:
+            assert depths[drafting[0]] == 5
+    explorers = [depths.index(5) for i, depths in enumerate(steps[1:], start=2) if i % 32 == 0]
+    assert len(set(explorers)) == len(explorers)
 
 
 def test_policy_speculates_fully_when_memory_bound_and_accepting():
     policy = SpecPolicy(max_depth=5)
-    means = _drive(policy, lambda n: 0.04 + 0.0001 * n, lambda b: 0.001, 0.9, 1, 200, random.Random(2))
-    steady = [m for i, m in enumerate(means[64:], start=65) if i % 32 != 16]
-    assert min(steady) == 5.0
+    steps = _drive(policy, lambda n: 0.04 + 0.0001 * n, lambda b: 0.001, 0.9, 1, 200, random.Random(2))
+    assert all(d == [5] for d in steps[40:])
+
+
+def test_policy_recovers_when_load_drops():
+    """Learned at batch 32 (compute-bound, speculation off), then batch 1 on a memory-bound cost:
+    exploration measures the deeper forward and the policy turns speculation back on."""
+    policy = SpecPolicy(max_depth=5, explore_every=16)
+    rng = random.Random(3)
+    cost = lambda n: 0.03 + 0.001 * max(0, n - 24)  # noqa: E731  flat up to 24 tokens, then linear
+    _drive(policy, cost, lambda b: 0.0005, 0.8, 32, 100, rng)
+    late = _drive(policy, cost, lambda b: 0.0005, 0.8, 1, 100, rng)
+    assert all(d == [5] for d in late[40:])
 
 
 def test_fixed_and_disabled_slots_are_left_alone():
@@ -154,6 +172,7 @@ def test_fixed_and_disabled_slots_are_left_alone():
         policy.observe_draft(1, 1, 0.005)
     slots = [DecodeSlot(1, 3, fixed=True), DecodeSlot(2, 0), DecodeSlot(3, 5)]
     for _ in range(40):
+        policy.begin_step()
         depths = policy.choose(slots, base_tokens=3)
         assert depths[0] == 3 and depths[1] == 0 and 0 <= depths[2] <= 5
 

@@ -27,7 +27,8 @@ def chat_prompts():
 
 
 def make_engine(default_model, draft: str = "none", k: int = 4, tree=None, draft_loaded=None):
-    spec = SpeculativeConfig.from_draft_arg(draft, k, tree)
+    """Fixed K / tree every step (not the adaptive policy): each proposer path is exercised fully."""
+    spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=False)
     cfg = EngineConfig(speculative=spec, num_kv_blocks=512, num_threads=2)
     return LLMEngine(cfg, loaded=default_model, draft_loaded=draft_loaded)
 

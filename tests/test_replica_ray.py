@@ -28,7 +28,7 @@ def local_outputs(default_model):
 
 
 def _config(draft="none", k=4):
-    return EngineConfig(num_kv_blocks=256, speculative=SpeculativeConfig.from_draft_arg(draft, k))
+    return EngineConfig(num_kv_blocks=256, speculative=SpeculativeConfig.from_draft_arg(draft, k, adaptive=False))
 
 
 def test_replica_with_merged_drafters_matches_in_process(ray_cluster, local_outputs, default_model_dir):

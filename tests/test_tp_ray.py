@@ -37,7 +37,7 @@ def tiny_group(ray_cluster, tiny_target_dir):
 
 
 def _engine_on(group: ShardGroup, model_dir, draft: str = "none", k: int = 4) -> LLMEngine:
-    config = EngineConfig(model=str(model_dir), speculative=SpeculativeConfig.from_draft_arg(draft, k),
+    config = EngineConfig(model=str(model_dir), speculative=SpeculativeConfig.from_draft_arg(draft, k, adaptive=False),
                           num_threads=1, block_size=TINY_BS, num_kv_blocks=TINY_BLOCKS)
     return LLMEngine(config, loaded=_load(str(model_dir)), verifier=group)
 
@@ -207,7 +207,7 @@ def chat_prompts():
 
 
 def _default_engine(default_model, draft: str = "none", verifier=None) -> LLMEngine:
-    config = EngineConfig(speculative=SpeculativeConfig.from_draft_arg(draft, 4), num_kv_blocks=DEFAULT_BLOCKS,
+    config = EngineConfig(speculative=SpeculativeConfig.from_draft_arg(draft, 4, adaptive=False), num_kv_blocks=DEFAULT_BLOCKS,
                           block_size=DEFAULT_BS, num_threads=2)
     return LLMEngine(config, loaded=default_model, verifier=verifier)
 

@@ -23,7 +23,13 @@ def build_proposer(spec: SpeculativeConfig, engine, draft_loaded=None) -> Propos
                           engine.device, engine.dtype)
         return DraftModelProposer(runner)
     if spec.method == "eagle":
+        from actors.eagle.head import DEFAULT_HEADS
         from actors.eagle.proposer import build_eagle_proposer
 
+        committed = DEFAULT_HEADS.get(engine.config.model)
+        if spec.eagle_head is None and committed is not None and not committed.exists():
+            raise ValueError(f"--draft default: the EAGLE head for {engine.config.model!r} is not trained and "
+                             f"committed yet ({committed} is missing); use --draft ngram, or train one with "
+                             f"`python -m actors.eagle.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
         return build_eagle_proposer(spec.eagle_head, engine.config.model, engine.verifier)
     raise ValueError(f"speculative method {spec.method!r} has no proposer")

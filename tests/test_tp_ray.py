@@ -242,8 +242,9 @@ def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_target
     rp = RemoteProposer([DrafterSpec("ngram", block_size=TINY_BS),
                          DrafterSpec("draft", draft_model=str(draft_dir), block_size=TINY_BS)])
     try:
-        config = EngineConfig(model=str(tiny_target_dir), speculative=SpeculativeConfig(method="ngram", num_spec_tokens=4),
-                              num_threads=1, block_size=TINY_BS, num_kv_blocks=TINY_BLOCKS)
+        spec = SpeculativeConfig(method="ngram", num_spec_tokens=4, adaptive=False)  # draft every step
+        config = EngineConfig(model=str(tiny_target_dir), speculative=spec, num_threads=1, block_size=TINY_BS,
+                              num_kv_blocks=TINY_BLOCKS)
         eng = LLMEngine(config, loaded=_load(str(tiny_target_dir)), verifier=tiny_group, proposer=rp)
         outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_TOKENS, ignore_eos=True), concurrency=8)
         assert [o.token_ids for o in outs] == tiny_baseline

@@ -1,7 +1,15 @@
 """Sampling and speculative verification as pure functions: the reference oracle of every optimised path.
 
-No model, no engine state: tensors and token trees in, tokens out. All randomness comes from the
-``generator`` passed in, drawn in a fixed order, so a per-request seed reproduces a request.
+No model, no engine state: tensors and token trees in, tokens out. Two sources of randomness:
+
+- unseeded requests: the ``generator`` passed in, drawn in a fixed order (multi-step speculative
+  sampling, the highest acceptance for sampled drafts);
+- seeded requests: a race fixed by (seed, position) (``position_race``). The token at position j is
+  argmax(p_j / E_j) with E_j ~ Exp(1) drawn from (seed, j) alone, whether it came from plain
+  decoding or from verifying a draft, so the output of a seeded request does not depend on the
+  proposer, the draft depth, the batch or the load: it is the output plain decoding gives for that
+  seed (drafter-invariant speculative decoding, Daliri et al. 2024). Still lossless: E_j is
+  independent of everything that chose the prefix before position j.
 
 Vocabulary (ARCHITECTURE.md §3): **accepted** draft tokens agree with the target; the **recovered**
 token is sampled from the residual distribution at the first rejection; the **bonus** token is the
@@ -70,6 +78,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     if probs.dim() != 1:
         raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
     race = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=generator)
+    return _race_winner(probs, race)
+
+
+def _race_winner(probs: torch.Tensor, race: torch.Tensor) -> int:
+    """probs [V], race [V] Exp(1) draws -> argmax(p_i / E_i) over tokens with mass."""
     scores = torch.where(probs > 0, probs.double() / race, -1.0)
     token = int(scores.argmax())
     if not probs[token] > 0:
@@ -77,16 +90,49 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return token
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_race(seed: int, position: int, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[vocab] float64 Exp(1) draws fixed by (seed, position) alone: the noise of token position
+    ``position`` (its index in prompt + output) of a seeded request."""
+    key = _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64))
+    g = torch.Generator(device=device).manual_seed(key)
+    return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=g)
+
+
+def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
+    """Draw the token at ``position`` from probs [V] with the (seed, position) race: the same token
+    every time the same distribution is seen at that position, however it got there."""
+    if probs.dim() != 1:
+        raise ValueError(f"sample_at() takes one [V] distribution, got shape {tuple(probs.shape)}")
+    return _race_winner(probs, position_race(seed, position, probs.shape[0], probs.device))
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V] -> token ids [...] (int64): the most likely token."""
     return logits.argmax(dim=-1)
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
-    """Plain (non-speculative) next token from logits [V]: greedy when temperature == 0."""
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                position: int | None = None) -> int:
+    """Plain (non-speculative) next token from logits [V]: greedy when temperature == 0; with
+    ``params.seed`` set, the (seed, position) race for the token at ``position``."""
     if params.greedy:
         return int(greedy(logits))
-    return sample(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), generator)
+    probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
+    if params.seed is not None:
+        if position is None:
+            raise ValueError("a seeded request samples by position: pass the position of the token drawn")
+        return sample_at(probs, params.seed, position)
+    return sample(probs, generator)
 
 
 @dataclass(slots=True)
@@ -174,6 +220,29 @@ def verify_sampling(
         p = target_probs[node]
     next_token = sample(p, generator)
     return VerifyResult(nodes, [tree.tokens[i] for i in nodes], next_token, bonus=not kids[node])
+
+
+def verify_keyed(tree: TokenTree, target_probs: torch.Tensor, seed: int, root_position: int) -> VerifyResult:
+    """Verification for seeded requests; target_probs [n, V]: the target's distribution after node i.
+
+    Walk from the root: the target's token after a node at depth d is sample_at(p, seed,
+    root_position + d + 1); move to the first child holding that token, stop when none does (that
+    token is then the recovered or bonus token). The draft's q plays no part, so the emitted tokens
+    are exactly plain decoding's for this seed; a draft token t is accepted with probability p[t]
+    when drafts are deterministic, as in rejection sampling.
+    """
+    if target_probs.dim() != 2 or target_probs.shape[0] != tree.size:
+        raise ValueError(f"target_probs must be [{tree.size}, V] for this tree, got {tuple(target_probs.shape)}")
+    kids = tree.child_lists()
+    node, nodes = 0, []
+    while True:
+        token = sample_at(target_probs[node], seed, root_position + len(nodes) + 1)
+        node = next((c for c in kids[node] if tree.tokens[c] == token), -1)
+        if node < 0:
+            break
+        nodes.append(node)
+    last = nodes[-1] if nodes else 0
+    return VerifyResult(nodes, [tree.tokens[i] for i in nodes], token, bonus=not kids[last])
 
 
 def reference_speculative_sample(

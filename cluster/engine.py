@@ -15,7 +15,7 @@ from actors.drafter import DraftRequest
 from actors.eagle.proposer import observe_committed
 from actors.kv_service import KVService
 from actors.logprobs import record_logprobs
-from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_sampling
+from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
@@ -248,7 +248,8 @@ class LLMEngine:
             if not s.is_decode:
                 seq.num_computed += s.num_query
                 if nrows:
-                    tok = argmax[r0] if seq.params.greedy else sample_next(logits[r0], seq.params, seq.generator)
+                    tok = argmax[r0] if seq.params.greedy else sample_next(logits[r0], seq.params, seq.generator,
+                                                                           position=seq.num_tokens)
                     self._append(seq, [tok])
                     if seq.logprobs is not None:
                         record_logprobs(seq, logits, [r0], [tok])
@@ -279,7 +280,10 @@ class LLMEngine:
         if seq.params.greedy:
             return verify_greedy(tree, argmax)
         p = seq.params
-        return verify_sampling(tree, logits_to_probs(rows, p.temperature, p.top_k, p.top_p), seq.generator)
+        probs = logits_to_probs(rows, p.temperature, p.top_k, p.top_p)
+        if p.seed is not None:  # drafter-invariant: the seed alone fixes the output
+            return verify_keyed(tree, probs, p.seed, root_position=seq.num_computed)
+        return verify_sampling(tree, probs, seq.generator)
 
     # ---- tokens, stops, bookkeeping -----------------------------------------------------
     def _append(self, seq: Sequence, tokens: list[int]) -> None:

@@ -80,15 +80,20 @@ def test_worker_keeps_history_and_asks_for_resend(tiny_draft_dir):
 
 
 def test_worker_sampling_is_seeded_and_returns_q(tiny_draft_dir):
+    """Unseeded requests draw from the worker seed; seeded ones from the request's (seed, position) race."""
     w = DrafterWorker(_specs(tiny_draft_dir, "draft")[0])
-    params = SamplingParams(temperature=0.9, seed=1)
-    call = lambda sid, seed: DraftCall(sid, 0, [5, 6, 7, 8], [1, 2], 3, params, seed)  # noqa: E731
+    unseeded, seeded = SamplingParams(temperature=0.9), SamplingParams(temperature=0.9, seed=1)
+    call = lambda sid, seed, params=unseeded: DraftCall(sid, 0, [5, 6, 7, 8], [1, 2], 3, params, seed)  # noqa: E731
     a, b, c = (w.propose([call(i, s)]).trees[0] for i, s in ((1, 11), (2, 11), (3, 12)))
     assert a.tokens == b.tokens and a.num_draft_tokens == 3
     for node in range(1, a.size):  # each draft token was drawn from the q sent back with it
         q = a.draft_probs[node]
         assert q.shape == (256,) and torch.isclose(q.sum(), torch.tensor(1.0)) and q[a.tokens[node]] > 0
-    assert c.tokens != a.tokens  # another seed, another draw
+    assert c.tokens != a.tokens  # another worker seed, another draw
+    d, e = (w.propose([call(i, s, seeded)]).trees[0] for i, s in ((4, 11), (5, 12)))
+    assert d.tokens == e.tokens  # the request's seed decides, not the worker's
+    f = w.propose([call(6, 11, seeded.model_copy(update={"seed": 2}))]).trees[0]
+    assert f.tokens != d.tokens
 
 
 def test_build_checks_the_draft_on_the_driver_first(tiny_target_dir, tiny_draft_dir, tmp_path):

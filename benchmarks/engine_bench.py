@@ -42,12 +42,13 @@ class EngineBackend:
         spec = SpeculativeConfig.from_draft_arg(method, max_k, tree, adaptive=any(v.adaptive for v in variants))
         return EngineConfig(model=self.model, speculative=spec, **self.engine_options)
 
-    def engine(self, cfg, proposer=None):
+    def engine(self, cfg, proposer=None, spec_policy=None):
         from cluster.engine import LLMEngine
 
         spec = cfg.speculative
         draft = self._draft(spec.draft_model) if spec.method == "draft" and proposer is None else None
-        engine = LLMEngine(cfg, loaded=self.loaded, draft_loaded=draft, verifier=self._verifier, proposer=proposer)
+        engine = LLMEngine(cfg, loaded=self.loaded, draft_loaded=draft, verifier=self._verifier, proposer=proposer,
+                           spec_policy=spec_policy)
         self._verifier = engine.verifier
         return engine
 
@@ -66,8 +67,10 @@ class EngineBackend:
         first = self.engine(cfg)
         for _ in range(self.warmup):
             first.generate([warmup_prompt.prompt], SamplingParams(max_tokens=8), chat=True)
-        proposer = first.proposer  # holds no request state between runs (released on finish)
-        yield lambda v, prompts, c, t: self._run(self.engine(cfg, proposer), method, v, prompts, c, t)
+        # neither holds request state between runs (released on finish); the adaptive policy keeps
+        # what it measured (costs per forward size, acceptance), as a server's engine does
+        proposer, policy = first.proposer, first.spec_policy
+        yield lambda v, prompts, c, t: self._run(self.engine(cfg, proposer, policy), method, v, prompts, c, t)
 
     def _run(self, engine, method: str, variant: Variant, prompts: list[BenchPrompt], concurrency: int,
              temperature: float) -> Run:

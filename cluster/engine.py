@@ -34,12 +34,14 @@ log = logging.getLogger("specray.engine")
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None,
-                 proposer=None, metrics: EngineMetrics | None = None):
+                 proposer=None, metrics: EngineMetrics | None = None, spec_policy: SpecPolicy | None = None):
         """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
         Verifier's interface (e.g. a Ray tensor-parallel shard group), else a local Verifier;
         kv: a KV service client (e.g. the replica's allocator actor), else a local KVService;
         proposer: e.g. drafter worker actors, else built from config.speculative;
-        metrics: where this engine's Prometheus metrics go (default: a registry of its own)."""
+        metrics: where this engine's Prometheus metrics go (default: a registry of its own);
+        spec_policy: an adaptive policy to go on learning in (a benchmark's engines share one, as
+        the requests of a long-lived server share its engine's), else a fresh one."""
         from actors.model.loader import load_model
 
         self.config = config
@@ -65,8 +67,8 @@ class LLMEngine:
         self.proposer = proposer or (build_proposer(spec, self, draft_loaded) if spec.enabled else None)
         self._needs_hidden = getattr(self.proposer, "needs_hidden", False)
         # per step, per sequence: how deep to draft (0 = plain decoding), from measured costs
-        self.spec_policy = (SpecPolicy(len(spec.expansion)) if self.proposer is not None and spec.adaptive
-                            else None)
+        self.spec_policy = ((spec_policy or SpecPolicy(len(spec.expansion)))
+                            if self.proposer is not None and spec.adaptive else None)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
         self.detok = Detokenizer(self.tokenizer)

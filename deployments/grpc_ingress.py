@@ -10,13 +10,13 @@ the same message that names the bad field and value.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
 from pydantic import ValidationError
 
+from deployments.http_guard import bearer_matches
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, validation_message
 from deployments.protos import specray_pb2 as pb
 
@@ -149,9 +149,7 @@ class GrpcGenerationMixin:
         key = self.server.api_key
         if key is None or grpc_context is None:
             return
-        scheme, _, token = dict(grpc_context.invocation_metadata()).get("authorization", "").partition(" ")
-        # constant time, as on HTTP (deployments.http_guard): timing does not tell how much of a guess matched
-        if not (hmac.compare_digest(token.strip().encode(), key.encode()) and scheme.lower() == "bearer"):
+        if not bearer_matches(dict(grpc_context.invocation_metadata()).get("authorization"), key):
             raise APIError(401, "authorization: missing or wrong API key; send the metadata "
                                 "'authorization: Bearer <key>'", param="authorization", code="invalid_api_key")
 

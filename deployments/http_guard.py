@@ -80,12 +80,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _authorized(scope: Scope, api_key: str) -> bool:
-    """Constant-time comparison, so response timing does not reveal how much of a guess matched."""
-    given = _header(scope, b"authorization") or ""
-    scheme, _, token = given.partition(" ")
+def bearer_matches(authorization: str | None, api_key: str) -> bool:
+    """Whether an ``Authorization`` value (HTTP header or gRPC metadata) is ``Bearer <api_key>``.
+    Constant-time comparison, so response timing does not reveal how much of a guess matched."""
+    scheme, _, token = (authorization or "").partition(" ")
     ok = hmac.compare_digest(token.strip().encode(), api_key.encode())
     return ok and scheme.lower() == "bearer"
+
+
+def _authorized(scope: Scope, api_key: str) -> bool:
+    return bearer_matches(_header(scope, b"authorization"), api_key)
 
 
 async def _reply(send: Send, status: int, message: str, type_: str, code: str, headers: dict | None = None) -> None:

@@ -140,6 +140,21 @@ def test_sampling_seed_reproducible(tiny_target_dir, tiny_prompts):
     assert _ids(a) != _ids(c)
 
 
+def test_engines_share_a_policy_that_goes_on_learning(tiny_target_dir, tiny_prompts, tiny_baseline):
+    """A benchmark session's engines (or a restarted server's) reuse what the policy measured."""
+    first = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)
+    first.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    policy = first.spec_policy
+    steps, sizes = policy.num_steps, set(policy.verify_cost.buckets)
+    assert steps > 0 and sizes
+    second = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True, spec_policy=policy)
+    assert second.spec_policy is policy
+    outs = second.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert _ids(outs) == tiny_baseline[:2]
+    assert policy.num_steps > steps and not policy.last_depth  # finished sequences were released
+    assert tiny_engine(tiny_target_dir, draft="ngram", k=4, spec_policy=policy).spec_policy is None  # fixed K
+
+
 def test_spec_override_off_does_no_draft_work(tiny_target_dir, tiny_prompts, tiny_baseline):
     eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
     outs = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, spec_tokens=0))

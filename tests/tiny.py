@@ -39,7 +39,7 @@ def _load(model_dir: str):
 
 
 def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
-                tree=None, adaptive: bool = False, **cfg):
+                tree=None, adaptive: bool = False, spec_policy=None, **cfg):
     """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model.
     Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it)."""
     from cluster.config import EngineConfig, SpeculativeConfig
@@ -54,7 +54,7 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
     cfg.setdefault("num_kv_blocks", 256)
     config = EngineConfig(model=str(model_dir), speculative=spec, num_threads=2, **cfg)
     return LLMEngine(config, loaded=_load(str(model_dir)),
-                     draft_loaded=_load(str(draft_dir)) if draft == "draft" else None)
+                     draft_loaded=_load(str(draft_dir)) if draft == "draft" else None, spec_policy=spec_policy)
 
 
 def random_prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 40, vocab: int = 256) -> list[list[int]]:

@@ -9,7 +9,7 @@ tokens per second of the whole batch:
 - ``E_s(k) = 1 + sum_{j<=k} prod_{i<=j} r_s,i`` with ``r_s,i`` the estimated probability that
   draft position i is accepted given positions < i were (``AcceptanceEstimator``: engine-wide
   counts per position as the prior, each sequence's own counts on top).
-- ``t_verify(N)``: measured seconds of the target forward (+ verification) for N tokens,
+- ``t_verify(N)``: measured seconds of decode-only target forwards (+ verification) of N tokens,
   ``t_draft``: measured seconds of one draft round for B sequences (``CostTable``: EWMAs per size,
   interpolated, extrapolated with the last measured slope).
 - For a fixed depth cap D the draft cost is fixed and verify cost is about linear in the extra
@@ -146,17 +146,34 @@ class AcceptanceEstimator:
         self.per_seq.pop(seq_id, None)
 
 
+def monotone_fit(values: list[float], weights: list[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators). Time
+    does not go down when a forward carries more tokens, so a dip between two measured sizes is
+    noise; left in, it would make the tokens past the dip look free."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+    return [b[0] for b in blocks for _ in range(b[2])]
+
+
 class CostTable:
     """Seconds as a function of a size (tokens in a forward, sequences in a draft round): an EWMA
-    per size (exact up to 32, power-of-two buckets above), linearly interpolated between measured
-    sizes; below the smallest, proportional to the size; above the largest, the slope of the last
-    two points, capped at proportional growth (with one point: proportional). Unmeasured sizes
-    thus never look cheaper than proportional scaling suggests: speculation has to be measured to
-    pay before it is chosen."""
+    per size (exact up to 32, power-of-two buckets above), made non-decreasing in the size
+    (``monotone_fit``, sizes weighted by their observations) and linearly interpolated between
+    measured sizes; below the smallest, proportional to the size; above the largest, the slope of
+    the last two points, capped at proportional growth (with one point: proportional). Unmeasured
+    sizes thus never look cheaper than proportional scaling suggests: speculation has to be
+    measured to pay before it is chosen."""
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.buckets: dict[int, tuple[float, float]] = {}  # key -> (mean size, mean seconds)
+        self.counts: dict[int, int] = {}  # key -> observations (the fit's weight, capped at 1/alpha)
+        self._fitted: list[tuple[float, float]] | None = None
 
     @staticmethod
     def _key(n: int) -> int:
@@ -171,6 +188,17 @@ class CostTable:
             self.buckets[k] = (m_n + self.alpha * (n - m_n), m_s + self.alpha * (seconds - m_s))
         else:
             self.buckets[k] = (float(n), float(seconds))
+        self.counts[k] = self.counts.get(k, 0) + 1
+        self._fitted = None
+
+    def points(self) -> list[tuple[float, float]]:
+        """(size, seconds) of the measured sizes, ascending and non-decreasing in seconds."""
+        if self._fitted is None:
+            keys = sorted(self.buckets, key=lambda k: self.buckets[k][0])
+            fit = monotone_fit([self.buckets[k][1] for k in keys],
+                               [min(self.counts.get(k, 1), 1 / self.alpha) for k in keys])
+            self._fitted = [(self.buckets[k][0], s) for k, s in zip(keys, fit)]
+        return self._fitted
 
     @property
     def measured(self) -> bool:
@@ -179,7 +207,7 @@ class CostTable:
     def __call__(self, n: int) -> float:
         if not self.buckets:
             return 0.0
-        pts = sorted(self.buckets.values())
+        pts = self.points()
         if n <= pts[0][0]:
             return pts[0][1] * n / pts[0][0]
         for (n0, s0), (n1, s1) in zip(pts, pts[1:]):

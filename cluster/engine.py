@@ -151,7 +151,10 @@ class LLMEngine:
         t2 = _now()
         self.metrics.observe_step(t1 - t0 if trees else None, t2 - t1)
         if self.spec_policy is not None:
-            self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1)
+            # decode-only steps: a forward that is mostly one prefill chunk is cheaper per token than
+            # the same number of tokens spread over many sequences, and would make drafts look free
+            if all(s.is_decode for s in sched.scheduled):
+                self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1)
             if trees:
                 self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled

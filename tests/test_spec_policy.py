@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.spec_policy import (AcceptanceEstimator, CostTable, DecodeSlot, SpecPolicy, choose_depths,
+from actors.spec_policy import (AcceptanceEstimator, CostTable, DecodeSlot, SpecPolicy, choose_depths, monotone_fit,
                                 expected_tokens)
 
 
@@ -113,6 +113,30 @@ def test_cost_table_interpolates_and_extrapolates_pessimistically():
     assert len(t.buckets) == 2
 
 
+def test_monotone_fit_pools_violators_by_weight():
+    assert monotone_fit([1.0, 2.0, 2.0, 5.0], [1, 1, 1, 1]) == [1.0, 2.0, 2.0, 5.0]  # already monotone
+    assert monotone_fit([1.0, 3.0, 2.0], [1, 1, 1]) == pytest.approx([1.0, 2.5, 2.5])
+    assert monotone_fit([1.0, 3.0, 2.0], [1, 1, 3]) == pytest.approx([1.0, 2.25, 2.25])
+    assert monotone_fit([4.0, 3.0, 2.0, 1.0], [1, 1, 1, 1]) == pytest.approx([2.5] * 4)
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # always non-decreasing, and the weighted mean is kept
+        v, w = rng.normal(size=12), rng.uniform(0.5, 3, size=12)
+        fit = np.array(monotone_fit(v.tolist(), w.tolist()))
+        assert (np.diff(fit) >= -1e-12).all()
+        assert float((fit * w).sum()) == pytest.approx(float((v * w).sum()))
+
+
+def test_cost_table_dip_does_not_make_tokens_free():
+    """A noisy cheap reading at a larger size must not make that size cheaper than a smaller one."""
+    t = CostTable(alpha=0.2)
+    for _ in range(5):
+        t.observe(64, 0.30)
+    t.observe(100, 0.25)  # one lucky step
+    assert t(100) >= t(64) and t(80) >= t(64)
+    assert t(64) < 0.30  # the single reading pulls the pooled estimate, weighted 5 : 1
+    assert t(64) == pytest.approx((5 * 0.30 + 0.25) / 6)
+
+
 def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, steps: int, rng) -> list[list[int]]:
     """Run the policy against a simulated engine; returns the depths chosen at each step."""
     chosen = []
@@ -195,6 +219,20 @@ def test_engine_with_adaptive_policy_is_lossless_and_respects_fixed_requests(tin
     fixed = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True, spec_tokens=0))
     assert [o.token_ids for o in fixed] == tiny_baseline[:2]
     assert all(o.num_drafts == 0 for o in fixed)
+
+
+def test_verify_costs_come_from_decode_only_steps(tiny_target_dir, tiny_prompts):
+    """A forward that is mostly a prefill chunk is cheaper per token than decoding the same number
+    of tokens over many sequences: those steps must not teach the policy that drafts are free."""
+    from actors.sampling_params import SamplingParams
+    from tests.tiny import tiny_engine
+
+    long_prompts = [p for p in tiny_prompts if len(p) > 16][:2]
+    assert len(long_prompts) == 2
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)
+    eng.generate(long_prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    sizes = [n for n, _ in eng.spec_policy.verify_cost.buckets.values()]
+    assert sizes and max(sizes) <= 2 * 5  # two decoding sequences, a root and 4 drafts each
 
 
 def test_fixed_spec_config_has_no_policy(tiny_target_dir):

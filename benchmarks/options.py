@@ -28,11 +28,15 @@ def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:
 
 def parse_spec_tokens(text: str) -> tuple[list[int], bool]:
     """'1,3,5,auto' -> ([1, 3, 5], True): fixed chain lengths, plus whether to also run the
-    engine's adaptive policy (up to the largest K; 5 when no K is listed)."""
+    engine's adaptive policy (up to the largest K). 'auto' alone -> ([], True): only the adaptive
+    run, up to DEFAULT_MAX_K."""
     parts = [x.strip() for x in text.split(",")]
     adaptive = "auto" in parts
     numbers = ",".join(x for x in parts if x != "auto")
-    return (parse_int_list("--spec-tokens", numbers) if numbers else [5]), adaptive
+    return (parse_int_list("--spec-tokens", numbers) if numbers or not adaptive else []), adaptive
+
+
+DEFAULT_MAX_K = 5  # the adaptive policy's depth limit when --spec-tokens lists no K
 
 
 def parse_float_list(flag: str, text: str, minimum: float = 0.0) -> list[float]:

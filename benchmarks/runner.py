@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.options import (add_common_args, check_counts, check_tree, engine_options, parse_float_list,
-                                parse_int_list, parse_methods, parse_spec_tokens, select_prompts)
+from benchmarks.options import (DEFAULT_MAX_K, add_common_args, check_counts, check_tree, engine_options,
+                                parse_float_list, parse_int_list, parse_methods, parse_spec_tokens, select_prompts)
 from benchmarks.results import add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
 
@@ -75,7 +75,7 @@ def cmd_bench(args) -> int:
     groups = plan_groups(methods, spec_tokens, tree, adaptive)
     rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temperatures, concurrency)]
     add_speedups(rows)
-    peers = _peers(args, prompts, methods, spec_tokens, rows) if args.peers else []
+    peers = _peers(args, prompts, methods, spec_tokens or [DEFAULT_MAX_K], rows) if args.peers else []
     from benchmarks.report import document, markdown
 
     settings = {"backend": args.url or "in-process", "max_tokens": args.max_tokens or "per prompt",

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from benchmarks.options import DEFAULT_MAX_K
 from benchmarks.prompt_set import BenchPrompt
 from benchmarks.results import BASELINE, Run, Variant
 
@@ -41,7 +42,7 @@ def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = N
             continue
         variants = [Variant(spec_tokens=k) for k in spec_tokens]
         if adaptive:
-            variants.append(Variant(spec_tokens=max(spec_tokens), adaptive=True))
+            variants.append(Variant(spec_tokens=max(spec_tokens, default=DEFAULT_MAX_K), adaptive=True))
         groups.append(Group(m, tuple(variants)))
         if tree:
             groups.append(Group(m, (Variant(tree=tree),)))

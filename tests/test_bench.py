@@ -340,3 +340,30 @@ def test_url_bench_streams_with_parallel_clients(capsys, prompts_file, fake_serv
             assert r["per_position_acceptance"] == [1.0]
             assert r["speedup"] > 1.2  # two tokens per delay instead of one
     assert runs[("none", 2)]["tokens_per_s"] > 1.3 * runs[("none", 1)]["tokens_per_s"]  # clients run in parallel
+
+
+def test_ab_adaptive_alternates_and_prints_ratios(capsys, prompts_file, default_model_dir):
+    from benchmarks.ab_adaptive import main
+
+    main(["--model", str(default_model_dir), "--prompts", str(prompts_file), "--sample", "2", "--concurrency", "2",
+          "--reps", "2", "--max-tokens", "4", "--threads", "1"])
+    out = capsys.readouterr().out
+    order = [line.split()[-3] for line in out.splitlines() if line.startswith("# c=2 rep")]
+    assert order == ["none:", "auto:", "auto:", "none:"]  # ABBA
+    (summary,) = [line for line in out.splitlines() if line.startswith("c=2:")]
+    assert "ratio" in summary and summary.count("paired") == 1 and len(summary.split("paired: ")[1].split(",")) == 2
+
+
+def test_spec_tokens_auto_alone_runs_only_the_adaptive_policy():
+    from benchmarks.options import parse_spec_tokens
+    from benchmarks.sweep import plan_groups
+
+    assert parse_spec_tokens("auto") == ([], True)
+    assert parse_spec_tokens("3,7,auto") == ([3, 7], True)
+    assert parse_spec_tokens("5") == ([5], False)
+    ks, adaptive = parse_spec_tokens("auto")
+    (_, ngram) = plan_groups(["ngram"], ks, adaptive=adaptive)
+    assert [v.adaptive for v in ngram.variants] == [True] and ngram.variants[0].spec_tokens == 5
+    ks, adaptive = parse_spec_tokens("3,7,auto")
+    (_, ngram) = plan_groups(["ngram"], ks, adaptive=adaptive)
+    assert [(v.spec_tokens, v.adaptive) for v in ngram.variants] == [(3, False), (7, False), (7, True)]

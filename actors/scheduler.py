@@ -75,6 +75,13 @@ class BatchScheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def prefill_backlog(self) -> int:
+        """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and the
+        prompts of waiting sequences there is room to admit."""
+        room = max(0, self.max_num_seqs - len(self.running))
+        mid = sum(s.num_uncomputed for s in self.running if s.num_uncomputed > 1)
+        return mid + sum(s.num_tokens for s in list(self.waiting)[:room])
+
     # ---- the step plan ------------------------------------------------------------------
     def schedule(self, spec_budget: Callable[[Sequence], int]) -> SchedulerOutput:
         running = [KVEntry(s.seq_id, s.num_computed, s.num_tokens,

@@ -234,7 +234,10 @@ class SpecPolicy:
         self.max_depth = max_depth
         self.explore_every = explore_every
         self.acceptance = AcceptanceEstimator(max_depth, prior_rate=prior_rate)
-        self.verify_cost = CostTable()
+        self.verify_cost = CostTable()  # all decode-only steps
+        # per number of sequences in the step: a draft token costs less than another sequence's
+        # token (no attention over another context), so tokens alone mix unlike forwards
+        self.verify_cost_by_seqs: dict[int, CostTable] = {}
         self.draft_cost = CostTable()
         self.num_steps = 0
         self.last_goodput: float | None = None
@@ -251,9 +254,17 @@ class SpecPolicy:
         off."""
         return self.num_steps % self.explore_every == 0 or self.last_depth.get(seq_id, 1) > 0
 
-    def choose(self, slots: list[DecodeSlot], base_tokens: int, base_yield: int | None = None) -> list[int]:
+    def verify_model(self, num_seqs: int | None) -> CostTable:
+        """The verify-cost table for a step of ``num_seqs`` sequences: the one measured at that
+        many (bucketed as sizes are) once it has two sizes to interpolate, else all steps'."""
+        table = None if num_seqs is None else self.verify_cost_by_seqs.get(CostTable._key(num_seqs))
+        return table if table is not None and len(table.buckets) >= 2 else self.verify_cost
+
+    def choose(self, slots: list[DecodeSlot], base_tokens: int, base_yield: int | None = None,
+               num_seqs: int | None = None) -> list[int]:
         """Depth per slot this step. base_tokens: tokens in the forward besides draft nodes;
-        base_yield: tokens the step yields without drafts (default: one per slot)."""
+        base_yield: tokens the step yields without drafts (default: one per slot); num_seqs:
+        sequences in the forward (default: unknown, all steps' costs)."""
         if not slots:
             return []
         free = [i for i, s in enumerate(slots) if not s.fixed and s.max_depth > 0]
@@ -271,7 +282,7 @@ class SpecPolicy:
         fixed_extra = sum(d for d in depths)
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
-            self.verify_cost, self.draft_cost, base_yield=len(slots) if base_yield is None else base_yield)
+            self.verify_model(num_seqs), self.draft_cost, base_yield=len(slots) if base_yield is None else base_yield)
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         if self.num_steps % self.explore_every == 0:
@@ -287,8 +298,10 @@ class SpecPolicy:
     def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
         self.acceptance.record(seq_id, depth, num_accepted)
 
-    def observe_verify(self, num_tokens: int, seconds: float) -> None:
+    def observe_verify(self, num_tokens: int, seconds: float, num_seqs: int | None = None) -> None:
         self.verify_cost.observe(num_tokens, seconds)
+        if num_seqs is not None and num_seqs > 0:
+            self.verify_cost_by_seqs.setdefault(CostTable._key(num_seqs), CostTable()).observe(num_tokens, seconds)
 
     def observe_draft(self, num_seqs: int, depth: int, seconds: float) -> None:
         if depth > 0 and num_seqs > 0:

@@ -69,6 +69,7 @@ class LLMEngine:
         # per step, per sequence: how deep to draft (0 = plain decoding), from measured costs
         self.spec_policy = ((spec_policy or SpecPolicy(len(spec.expansion)))
                             if self.proposer is not None and spec.adaptive else None)
+        self._hold_drafts = False  # this step, the policy's sequences draft nothing (a prefill is pending)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
         self.detok = Detokenizer(self.tokenizer)
@@ -123,6 +124,7 @@ class LLMEngine:
             return self._overlap.step()
         if self.spec_policy is not None:
             self.spec_policy.begin_step()
+            self._hold_drafts = self._drafts_would_shrink_prefill()
         sched = self.scheduler.schedule(self._spec_budget)
         for seq in sched.preempted:
             self._release_draft(seq)
@@ -154,7 +156,7 @@ class LLMEngine:
             # decode-only steps: a forward that is mostly one prefill chunk is cheaper per token than
             # the same number of tokens spread over many sequences, and would make drafts look free
             if all(s.is_decode for s in sched.scheduled):
-                self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1)
+                self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1, len(chunks))
             if trees:
                 self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
@@ -176,9 +178,21 @@ class LLMEngine:
             self._release_draft(seq)
         return True
 
+    def _drafts_would_shrink_prefill(self) -> bool:
+        """Prefill before drafts: when the step's token budget cannot hold the waiting prompts
+        and every decoding sequence's full draft, the policy's sequences draft nothing this step
+        (their reserved tokens would otherwise be taken from prefill chunks, before the policy
+        could weigh them)."""
+        sch = self.scheduler
+        backlog = sch.prefill_backlog()
+        decoding = sch.num_running - sum(1 for s in sch.running if s.num_uncomputed > 1)
+        per_seq = 1 + expansion_num_nodes(self.config.speculative.expansion)
+        return backlog > 0 and backlog + decoding * per_seq > sch.max_num_batched_tokens
+
     def _spec_budget(self, seq: Sequence) -> int:
         policy = self.spec_policy
-        if policy is not None and seq.params.spec_tokens is None and not policy.reserve(seq.seq_id):
+        free = policy is not None and seq.params.spec_tokens is None
+        if free and (self._hold_drafts or not policy.reserve(seq.seq_id)):
             return 0
         return expansion_num_nodes(self._expansion_for(seq, None))
 
@@ -218,7 +232,7 @@ class LLMEngine:
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None) for s, exp in cands]
         depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
-                                         base_yield=sum(1 for s in scheduled if s.is_decode))
+                                         base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]
 
     def _plan_forward(self, scheduled, trees):

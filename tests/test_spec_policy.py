@@ -137,6 +137,23 @@ def test_cost_table_dip_does_not_make_tokens_free():
     assert t(64) == pytest.approx((5 * 0.30 + 0.25) / 6)
 
 
+def test_verify_costs_are_kept_per_number_of_sequences():
+    """Eight sequences with 13 drafts (21 tokens) cost less than sixteen sequences with 5: the
+    policy at sixteen must price drafts from sixteen-sequence steps, not from the mixture."""
+    p = SpecPolicy(max_depth=5)
+    for _ in range(3):
+        p.observe_verify(16, 0.137, num_seqs=16)
+        p.observe_verify(21, 0.180, num_seqs=16)
+        p.observe_verify(8, 0.070, num_seqs=8)
+        p.observe_verify(21, 0.090, num_seqs=8)
+    assert p.verify_model(16)(21) == pytest.approx(0.180)
+    assert p.verify_model(8)(21) == pytest.approx(0.090)
+    assert p.verify_model(3) is p.verify_cost and p.verify_model(None) is p.verify_cost
+    assert p.verify_cost(21) < 0.180  # the mixture would have made drafts at sixteen look cheaper
+    p.observe_verify(40, 0.2, num_seqs=40)  # one size only: not enough to interpolate
+    assert p.verify_model(40) is p.verify_cost
+
+
 def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, steps: int, rng) -> list[list[int]]:
     """Run the policy against a simulated engine; returns the depths chosen at each step."""
     chosen = []
@@ -233,6 +250,31 @@ def test_verify_costs_come_from_decode_only_steps(tiny_target_dir, tiny_prompts)
     eng.generate(long_prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     sizes = [n for n, _ in eng.spec_policy.verify_cost.buckets.values()]
     assert sizes and max(sizes) <= 2 * 5  # two decoding sequences, a root and 4 drafts each
+
+
+def test_prefill_comes_before_drafts(tiny_target_dir, tiny_prompts, tiny_baseline):
+    """When the token budget cannot hold both the waiting prompts and full drafts, the policy's
+    sequences draft nothing that step; once prompts are in, drafting resumes. Output unchanged."""
+    from actors.sampling_params import SamplingParams
+    from tests.tiny import TINY_MAX_TOKENS, tiny_engine
+
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True, max_num_batched_tokens=16)
+    assert eng.scheduler.prefill_backlog() == 0 and not eng._drafts_would_shrink_prefill()
+    steps = []
+    propose = eng._propose
+
+    def spy(scheduled):
+        trees = propose(scheduled)
+        steps.append((eng._hold_drafts, eng.scheduler.prefill_backlog(), len(trees)))
+        return trees
+
+    eng._propose = spy
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=4)
+    assert [o.token_ids for o in outs] == tiny_baseline
+    held = [s for s in steps if s[0]]
+    assert held and all(n_trees == 0 for _, _, n_trees in held)
+    assert any(n_trees > 0 for hold, _, n_trees in steps if not hold)
+    assert not eng._drafts_would_shrink_prefill()  # nothing waits any more
 
 
 def test_fixed_spec_config_has_no_policy(tiny_target_dir):

@@ -10,7 +10,6 @@ ABBA within each repetition; the ratio of summed tokens/s and the paired ratios 
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,43 +25,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 
-    from actors.model.loader import load_model
-    from actors.sampling_params import SamplingParams
+    from benchmarks.engine_bench import EngineBackend
     from benchmarks.prompt_set import default_prompts_path, load_prompt_set, stratified_sample
-    from cluster.config import EngineConfig, SpeculativeConfig
-    from cluster.engine import LLMEngine
-    from cluster.runtime import resolve_device_dtype
+    from benchmarks.results import Variant, summarize
 
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     prompts = stratified_sample(load_prompt_set(args.prompts or default_prompts_path()), args.sample)
-    device, dtype = resolve_device_dtype("auto", "auto")
-    spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, None, adaptive=True)
-    cfg = EngineConfig(model=args.model, speculative=spec, num_threads=args.threads)
-    loaded = load_model(args.model, dtype=dtype, device=device)
-    first = LLMEngine(cfg, loaded=loaded)
-    warm = prompts[: min(16, len(prompts))]
-    first.generate([p.prompt for p in warm], SamplingParams(max_tokens=args.max_tokens), chat=True, concurrency=16)
-
-    def run(mode: str, c: int) -> float:
-        eng = LLMEngine(cfg, loaded=loaded, verifier=first.verifier, proposer=first.proposer,
-                        spec_policy=first.spec_policy)
-        params = [SamplingParams(max_tokens=p.budget(args.max_tokens), spec_tokens=0 if mode == "none" else None)
-                  for p in prompts]
-        start = time.perf_counter()
-        outs = eng.generate([p.prompt for p in prompts], params, chat=True, concurrency=c)
-        return sum(o.num_output_tokens for o in outs) / (time.perf_counter() - start)
-
-    for c in concurrencies:
-        tps: dict[str, list[float]] = {"none": [], "auto": []}
-        for r in range(args.reps):
-            for mode in ("none", "auto") if r % 2 == 0 else ("auto", "none"):
-                tps[mode].append(run(mode, c))
-                print(f"# c={c} rep {r} {mode}: {tps[mode][-1]:.2f} tok/s", flush=True)
-        none, auto = tps["none"], tps["auto"]
-        paired = ", ".join(f"{a / n:.3f}" for a, n in zip(auto, none))
-        print(f"c={c}: none {sum(none) / len(none):.2f} tok/s, adaptive {sum(auto) / len(auto):.2f} tok/s, "
-              f"ratio {sum(auto) / sum(none):.3f} (paired: {paired})", flush=True)
-
+    backend = EngineBackend(args.model, args.max_tokens, warmup=0, engine_options={"num_threads": args.threads})
+    modes = {"none": Variant(spec_tokens=0), "auto": Variant(spec_tokens=args.spec_tokens, adaptive=True)}
+    # one engine stack for both modes: a bench session shares KV cache, proposer and policy
+    with backend.session(args.draft, (modes["auto"],), prompts[0]) as run_once:
+        run_once(modes["auto"], prompts[: min(16, len(prompts))], 16, 0.0)  # the policy's warm-up
+        for c in concurrencies:
+            tps: dict[str, list[float]] = {"none": [], "auto": []}
+            for r in range(args.reps):
+                for mode in ("none", "auto") if r % 2 == 0 else ("auto", "none"):
+                    run = run_once(modes[mode], prompts, c, 0.0)
+                    tps[mode].append(summarize(run.records, run.wall_s)["tokens_per_s"])
+                    print(f"# c={c} rep {r} {mode}: {tps[mode][-1]:.2f} tok/s", flush=True)
+            none, auto = tps["none"], tps["auto"]
+            paired = ", ".join(f"{a / n:.3f}" for a, n in zip(auto, none))
+            print(f"c={c}: none {sum(none) / len(none):.2f} tok/s, adaptive {sum(auto) / len(auto):.2f} tok/s, "
+                  f"ratio {sum(auto) / sum(none):.3f} (paired: {paired})", flush=True)
 
 if __name__ == "__main__":
     main()

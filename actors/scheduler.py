@@ -9,6 +9,8 @@ then waiting sequences under the token budget and ``max_num_seqs``.
 """
 from __future__ import annotations
 
+import itertools
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -79,8 +81,15 @@ class BatchScheduler:
         """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and the
         prompts of waiting sequences there is room to admit."""
         room = max(0, self.max_num_seqs - len(self.running))
-        mid = sum(s.num_uncomputed for s in self.running if s.num_uncomputed > 1)
-        return mid + sum(s.num_tokens for s in list(self.waiting)[:room])
+        mid = sum(s.num_uncomputed for s in self.running if s.in_prefill)
+        return mid + sum(s.num_tokens for s in itertools.islice(self.waiting, room))
+
+    def drafts_would_shrink_prefill(self, tokens_per_decode: int) -> bool:
+        """Whether this step's token budget is too small for the prefill backlog and
+        ``tokens_per_decode`` tokens (root + full draft) for every decoding sequence."""
+        backlog = self.prefill_backlog()
+        decoding = sum(1 for s in self.running if not s.in_prefill)
+        return backlog > 0 and backlog + decoding * tokens_per_decode > self.max_num_batched_tokens
 
     # ---- the step plan ------------------------------------------------------------------
     def schedule(self, spec_budget: Callable[[Sequence], int]) -> SchedulerOutput:

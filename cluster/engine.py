@@ -183,11 +183,7 @@ class LLMEngine:
         and every decoding sequence's full draft, the policy's sequences draft nothing this step
         (their reserved tokens would otherwise be taken from prefill chunks, before the policy
         could weigh them)."""
-        sch = self.scheduler
-        backlog = sch.prefill_backlog()
-        decoding = sch.num_running - sum(1 for s in sch.running if s.num_uncomputed > 1)
-        per_seq = 1 + expansion_num_nodes(self.config.speculative.expansion)
-        return backlog > 0 and backlog + decoding * per_seq > sch.max_num_batched_tokens
+        return self.scheduler.drafts_would_shrink_prefill(1 + expansion_num_nodes(self.config.speculative.expansion))
 
     def _spec_budget(self, seq: Sequence) -> int:
         policy = self.spec_policy

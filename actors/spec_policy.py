@@ -160,6 +160,11 @@ def monotone_fit(values: list[float], weights: list[float]) -> list[float]:
     return [b[0] for b in blocks for _ in range(b[2])]
 
 
+def size_bucket(n: int) -> int:
+    """Sizes measured apart: exact up to 32, one bucket per power of two above."""
+    return n if n <= 32 else 32 + math.ceil(math.log2(n / 32))
+
+
 class CostTable:
     """Seconds as a function of a size (tokens in a forward, sequences in a draft round): an EWMA
     per size (exact up to 32, power-of-two buckets above), made non-decreasing in the size
@@ -175,14 +180,10 @@ class CostTable:
         self.counts: dict[int, int] = {}  # key -> observations (the fit's weight, capped at 1/alpha)
         self._fitted: list[tuple[float, float]] | None = None
 
-    @staticmethod
-    def _key(n: int) -> int:
-        return n if n <= 32 else 32 + math.ceil(math.log2(n / 32))
-
     def observe(self, n: int, seconds: float) -> None:
         if n <= 0 or not math.isfinite(seconds) or seconds < 0:
             return
-        k = self._key(n)
+        k = size_bucket(n)
         if k in self.buckets:
             m_n, m_s = self.buckets[k]
             self.buckets[k] = (m_n + self.alpha * (n - m_n), m_s + self.alpha * (seconds - m_s))
@@ -196,7 +197,7 @@ class CostTable:
         if self._fitted is None:
             keys = sorted(self.buckets, key=lambda k: self.buckets[k][0])
             fit = monotone_fit([self.buckets[k][1] for k in keys],
-                               [min(self.counts.get(k, 1), 1 / self.alpha) for k in keys])
+                               [min(self.counts[k], 1 / self.alpha) for k in keys])
             self._fitted = [(self.buckets[k][0], s) for k, s in zip(keys, fit)]
         return self._fitted
 
@@ -257,7 +258,7 @@ class SpecPolicy:
     def verify_model(self, num_seqs: int | None) -> CostTable:
         """The verify-cost table for a step of ``num_seqs`` sequences: the one measured at that
         many (bucketed as sizes are) once it has two sizes to interpolate, else all steps'."""
-        table = None if num_seqs is None else self.verify_cost_by_seqs.get(CostTable._key(num_seqs))
+        table = None if num_seqs is None else self.verify_cost_by_seqs.get(size_bucket(num_seqs))
         return table if table is not None and len(table.buckets) >= 2 else self.verify_cost
 
     def choose(self, slots: list[DecodeSlot], base_tokens: int, base_yield: int | None = None,
@@ -301,7 +302,7 @@ class SpecPolicy:
     def observe_verify(self, num_tokens: int, seconds: float, num_seqs: int | None = None) -> None:
         self.verify_cost.observe(num_tokens, seconds)
         if num_seqs is not None and num_seqs > 0:
-            self.verify_cost_by_seqs.setdefault(CostTable._key(num_seqs), CostTable()).observe(num_tokens, seconds)
+            self.verify_cost_by_seqs.setdefault(size_bucket(num_seqs), CostTable()).observe(num_tokens, seconds)
 
     def observe_draft(self, num_seqs: int, depth: int, seconds: float) -> None:
         if depth > 0 and num_seqs > 0:

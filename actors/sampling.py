@@ -81,10 +81,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return _race_winner(probs, race)
 
 
+def race_scores(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
+    """probs [V], race [V] Exp(1) draws -> scores [V] float64: p_i / E_i, -1 where p_i = 0.
+    The highest score is the race's winner, the next ones its runners-up."""
+    return torch.where(probs > 0, probs.double() / race, -1.0)
+
+
 def _race_winner(probs: torch.Tensor, race: torch.Tensor) -> int:
     """probs [V], race [V] Exp(1) draws -> argmax(p_i / E_i) over tokens with mass."""
-    scores = torch.where(probs > 0, probs.double() / race, -1.0)
-    token = int(scores.argmax())
+    token = int(race_scores(probs, race).argmax())
     if not probs[token] > 0:
         raise ValueError("cannot sample from a distribution with no positive mass")
     return token

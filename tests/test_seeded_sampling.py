@@ -10,7 +10,7 @@ import torch
 from actors.sampling import position_race, sample_at, sample_next, verify_keyed
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree
-from tests.test_sampling import (
+from tests.toy_lm import (
     DRAFT,
     N_TOKENS,
     P_PASS,

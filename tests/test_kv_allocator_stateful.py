@@ -1,0 +1,235 @@
+"""A Hypothesis state machine that checks actors.kv_allocator against an independent model of
+block ownership (random allocate/append/truncate/commit/fork/free/preempt), also with a hash
+function that collides all the time."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from actors.kv_allocator import KVBlockAllocator, OutOfBlocksError
+
+
+def _ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+# Tiny vocabulary and a few shared prompt heads, so that prefix hits (and evictions) are frequent.
+_HEADS = ((), (0, 1, 0, 1, 1, 0, 1, 1), (0, 1, 0, 1, 0, 0), (1, 1, 1, 1, 1, 1, 1, 1))
+_tokens = st.builds(lambda head, tail: list(head) + tail, st.sampled_from(_HEADS),
+                    st.lists(st.integers(0, 1), max_size=5)).filter(bool)
+_MAX_SEQS = 5  # keeps the pool from being full most of the time
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    """Random allocate/append/truncate/commit/fork/free/preempt. The model tracks each table,
+    the tokens whose KV each committed full block holds (`content`, the whole prefix through that
+    block), and derives ref counts and free counts on its own."""
+
+    allocator_cls = KVBlockAllocator
+
+    @initialize(num_blocks=st.integers(8, 32), block_size=st.integers(2, 4),
+                caching=st.sampled_from([True, True, True, False]))
+    def setup(self, num_blocks, block_size, caching):
+        self.a = self.allocator_cls(num_blocks, block_size, enable_prefix_caching=caching)
+        self.nb, self.bs, self.caching = num_blocks, block_size, caching
+        self.tables: dict[int, list[int]] = {}
+        self.tokens: dict[int, list[int]] = {}  # known tokens of each sequence
+        self.ntok: dict[int, int] = {}
+        self.ncommit: dict[int, int] = {}
+        self.content: dict[int, tuple[int, ...]] = {}
+        self.next_id = 0
+
+    # -- model helpers
+    def _used(self) -> set[int]:
+        return {b for t in self.tables.values() for b in t}
+
+    def _model_free(self) -> int:
+        return self.nb - len(self._used())
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _check_fresh(self, blocks: list[int], used_before: set[int]) -> None:
+        assert len(set(blocks)) == len(blocks) and not set(blocks) & used_before
+        for b in blocks:
+            self.content.pop(b, None)  # handed out for writing: old KV is gone
+
+    def _allocate(self, sid: int, tokens: list[int], extra: int) -> None:
+        if not self.a.can_allocate(tokens, extra):
+            free_before = self.a.num_free_blocks
+            with pytest.raises(OutOfBlocksError):
+                self.a.allocate(sid, tokens, extra)
+            assert not self.a.has_seq(sid) and self.a.num_free_blocks == free_before
+            return
+        used = self._used()
+        hit = self.a.allocate(sid, tokens, extra)
+        table = self.a.block_table(sid)
+        total = len(tokens) + extra
+        assert len(table) == _ceil_div(total, self.bs)
+        assert hit % self.bs == 0 and hit <= (len(tokens) - 1) // self.bs * self.bs
+        assert self.caching or hit == 0
+        for i in range(hit // self.bs):  # every hit block holds KV of exactly this prefix
+            assert self.content.get(table[i]) == tuple(tokens[:(i + 1) * self.bs])
+        self._check_fresh(table[hit // self.bs:], used)
+        self.tables[sid], self.tokens[sid] = table, list(tokens)
+        self.ntok[sid], self.ncommit[sid] = total, hit
+
+    def _forget(self, sid: int) -> None:
+        for d in (self.tables, self.tokens, self.ntok, self.ncommit):
+            del d[sid]
+
+    def _pick(self, data) -> int:
+        return data.draw(st.sampled_from(sorted(self.tables)), label="seq")
+
+    # -- rules
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS)
+    @rule(tokens=_tokens, extra=st.integers(0, 3))
+    def allocate(self, tokens, extra):
+        self._allocate(self._new_id(), tokens, extra)
+
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS)
+    @rule(tokens=_tokens, over=st.integers(-1, 2))
+    def allocate_to_fill(self, tokens, over):
+        """Ask for about as many blocks as are free plus what a prefix hit could save: exercises
+        can_allocate at the boundary, where free-but-cached hits must be paid for."""
+        blocks = self._model_free() + (len(tokens) - 1) // self.bs + over
+        self._allocate(self._new_id(), tokens, max(0, blocks * self.bs - len(tokens)))
+
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS)
+    @rule(tokens=_tokens)
+    def allocate_and_prefill(self, tokens):
+        sid = self._new_id()
+        self._allocate(sid, tokens, 0)
+        if sid in self.tables:
+            self.a.commit(sid, tokens, len(tokens))
+            self._record_commit(sid, tokens, len(tokens))
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data(), grow=st.integers(-2, 6))
+    def append(self, data, grow):
+        sid = self._pick(data)
+        n = max(0, self.ntok[sid] + grow)  # grow <= 0: a no-op
+        expected = _ceil_div(n, self.bs) - len(self.tables[sid]) <= self._model_free()
+        assert self.a.can_append(sid, n) == expected
+        if not expected:
+            with pytest.raises(OutOfBlocksError):
+                self.a.append(sid, n)
+            return
+        used, old = self._used(), self.tables[sid]
+        self.a.append(sid, n)
+        table = self.a.block_table(sid)
+        assert table[:len(old)] == old
+        self._check_fresh(table[len(old):], used)
+        self.tables[sid], self.ntok[sid] = table, max(n, self.ntok[sid])
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def truncate(self, data):
+        sid = self._pick(data)
+        n = data.draw(st.integers(self.ncommit[sid], self.ntok[sid]), label="n")
+        self.a.truncate(sid, n)
+        self.tables[sid] = self.tables[sid][:_ceil_div(n, self.bs)]
+        self.ntok[sid], self.tokens[sid] = n, self.tokens[sid][:n]
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def commit(self, data):
+        sid = self._pick(data)
+        n = data.draw(st.integers(self.ncommit[sid], self.ntok[sid]), label="n")
+        toks = self.tokens[sid]
+        if len(toks) < n:  # generated tokens become known when committed
+            toks += data.draw(st.lists(st.integers(0, 1), min_size=n - len(toks),
+                                       max_size=n - len(toks)), label="generated")
+        self.a.commit(sid, toks, n)
+        self._record_commit(sid, toks, n)
+
+    def _record_commit(self, sid: int, toks: list[int], n: int) -> None:
+        for i in range(self.ncommit[sid] // self.bs, n // self.bs):
+            self.content[self.tables[sid][i]] = tuple(toks[:(i + 1) * self.bs])
+        self.ncommit[sid] = n
+
+    @precondition(lambda self: 0 < len(self.tables) < _MAX_SEQS)
+    @rule(data=st.data())
+    def fork(self, data):
+        pid, cid = self._pick(data), self._new_id()
+        n_shared = self.ncommit[pid] // self.bs
+        expected = len(self.tables[pid]) - n_shared <= self._model_free()
+        assert self.a.can_fork(pid) == expected
+        if not expected:
+            with pytest.raises(OutOfBlocksError):
+                self.a.fork(pid, cid)
+            return
+        used, parent = self._used(), self.tables[pid]
+        copies = self.a.fork(pid, cid)
+        assert [src for src, _ in copies] == parent[n_shared:]
+        dsts = [dst for _, dst in copies]
+        self._check_fresh(dsts, used)
+        assert self.a.block_table(cid) == parent[:n_shared] + dsts
+        self.tables[cid], self.tokens[cid] = parent[:n_shared] + dsts, list(self.tokens[pid])
+        self.ntok[cid], self.ncommit[cid] = self.ntok[pid], self.ncommit[pid]
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def free(self, data):
+        sid = self._pick(data)
+        self.a.free(sid)
+        self._forget(sid)
+
+    @precondition(lambda self: self.tables)
+    @rule(data=st.data())
+    def preempt(self, data):
+        sid = self._pick(data)
+        tokens = self.tokens[sid]
+        self.a.free(sid)
+        self._forget(sid)
+        if tokens:
+            self._allocate(sid, tokens, 0)
+
+    @rule(sid=st.integers(-3, 0))
+    def free_unknown(self, sid):
+        with pytest.raises(KeyError, match=str(sid)):
+            self.a.free(sid)
+
+    # -- checks
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "a"):
+            return
+        self.a.check_invariants()
+        refs = [0] * self.nb
+        for sid, table in self.tables.items():
+            assert self.a.block_table(sid) == table
+            assert (self.a.num_tokens(sid), self.a.num_committed(sid)) == (self.ntok[sid],
+                                                                          self.ncommit[sid])
+            for b in table:
+                refs[b] += 1
+        assert [self.a.ref_count(b) for b in range(self.nb)] == refs
+        assert self.a.num_free_blocks == refs.count(0)
+
+    def teardown(self):
+        if not hasattr(self, "a"):
+            return
+        for sid in list(self.tables):
+            self.a.free(sid)
+        self.a.check_invariants()
+        assert self.a.num_free_blocks == self.nb and self.a.num_used_blocks == 0
+
+
+class _WeakHashAllocator(KVBlockAllocator):
+    def _hash(self, prev_hash, toks):
+        return sum(toks) % 3  # ignores the chain and collides all the time
+
+
+class WeakHashMachine(AllocatorMachine):
+    allocator_cls = _WeakHashAllocator
+
+
+_machine_settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow])
+TestAllocatorMachine = AllocatorMachine.TestCase
+TestAllocatorMachine.settings = _machine_settings
+TestWeakHashMachine = WeakHashMachine.TestCase
+TestWeakHashMachine.settings = settings(_machine_settings, max_examples=100)

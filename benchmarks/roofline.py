@@ -1,0 +1,87 @@
+"""Memory-bandwidth roofline of this machine for a model: how many decode steps per second reading
+every weight once allows, and what that means in tokens/s for a given tokens-per-step.
+
+    python -m benchmarks.roofline [--model smollm2-135m] [--threads 2] [--tpot-ms 38.6] [--tokens-per-step 1,2,3]
+
+Bandwidth is measured three ways on a buffer far larger than the caches (a copy, a sum, a matrix
+times a vector, each the best of ``--reps``); the roofline uses the mat-vec figure, which is what a
+decode step does. Weight bytes are the model's parameters (tied embeddings counted once) in
+``--dtype``. With ``--tpot-ms`` it also prints where a measured TPOT stands against the bound.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _best_seconds(fn, reps: int) -> float:
+    fn()  # warm-up: page faults, thread pool
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_bandwidth(mbytes: int = 512, reps: int = 5) -> dict[str, float]:
+    """GB/s of copy (read + write counted), sum and fp32 mat-vec over ``mbytes`` MB."""
+    n = mbytes * 2**20 // 4
+    a = torch.rand(n)
+    b = torch.empty_like(a)
+    cols = 4096
+    m = a[: n // cols * cols].view(-1, cols)
+    v = torch.rand(cols)
+    size = a.numel() * 4
+    return {
+        "copy": 2 * size / _best_seconds(lambda: b.copy_(a), reps) / 1e9,
+        "sum": size / _best_seconds(lambda: a.sum(), reps) / 1e9,
+        "matvec": m.numel() * 4 / _best_seconds(lambda: m @ v, reps) / 1e9,
+    }
+
+
+def weight_bytes(model: str, dtype: torch.dtype) -> int:
+    from actors.model.loader import load_model
+
+    params = load_model(model).model.parameters()  # parameters() yields a tied tensor once
+    return sum(p.numel() for p in params) * torch.finfo(dtype).bits // 8
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--mbytes", type=int, default=512, help="size of the measured buffer")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tpot-ms", type=float, default=None, help="a measured plain-decoding TPOT to place")
+    ap.add_argument("--tokens-per-step", default="1,2,3", help="comma-separated tokens per verified step")
+    args = ap.parse_args(argv)
+    try:
+        per_step = [float(x) for x in args.tokens_per_step.split(",")]
+    except ValueError:
+        ap.error(f"--tokens-per-step {args.tokens_per_step!r}: expected comma-separated numbers")
+    if args.mbytes < 64:
+        ap.error(f"--mbytes {args.mbytes}: use at least 64 (the buffer must not fit in the caches)")
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    bw = measure_bandwidth(args.mbytes, args.reps)
+    wb = weight_bytes(args.model, DTYPES[args.dtype])
+    steps = bw["matvec"] * 1e9 / wb
+    print(f"threads {torch.get_num_threads()}: copy {bw['copy']:.1f} GB/s, sum {bw['sum']:.1f} GB/s, "
+          f"mat-vec {bw['matvec']:.1f} GB/s")
+    print(f"{args.model} weights in {args.dtype}: {wb / 1e6:.0f} MB -> roofline {steps:.1f} steps/s "
+          f"({1e3 / steps:.1f} ms per step)")
+    for k in per_step:
+        print(f"  {k:g} tokens per step: {steps * k:.1f} tokens/s")
+    if args.tpot_ms is not None:
+        print(f"measured TPOT {args.tpot_ms:.1f} ms = {100 * (1e3 / steps) / args.tpot_ms:.0f}% of the bandwidth bound")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

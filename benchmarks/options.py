@@ -11,7 +11,7 @@ from pathlib import Path
 from benchmarks.prompt_set import BenchPrompt, default_prompts_path, load_prompt_set, stratified_sample
 from benchmarks.results import BASELINE
 
-BUILTIN_METHODS = ("none", "ngram", "layerskip:N")
+BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "eagle:PATH")
 
 
 def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:
@@ -54,7 +54,7 @@ def is_draft_model(method: str) -> bool:
     """A draft model alias or an existing local path (HF directory or .gguf)."""
     from actors.model import registry
 
-    return method not in ("none", "ngram") and not method.startswith("layerskip") and (
+    return method not in ("none", "ngram", "default") and not method.startswith(("layerskip", "eagle")) and (
         registry.is_alias(method) or Path(method).expanduser().exists())
 
 
@@ -63,7 +63,7 @@ def check_method(method: str) -> str:
 
     if method in ("none", "ngram") or is_draft_model(method):
         return method
-    if method.startswith("layerskip"):
+    if method == "default" or method.startswith(("layerskip", "eagle")):
         SpeculativeConfig.from_draft_arg(method)  # raises naming the value
         return method
     raise ValueError(f"--draft {method!r}: unknown method; use one of {', '.join(BUILTIN_METHODS)} "

@@ -22,7 +22,8 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="measure speedup per method, K, temperature and concurrency")
     add_common_args(b, concurrency="1,8", spec_tokens="5")
     b.add_argument("--draft", default=None, metavar="M1,M2,...",
-                   help="methods: none | ngram | layerskip:N | draft model (default ngram,layerskip:8); "
+                   help="methods: none | ngram | layerskip:N | default (the committed EAGLE head) | eagle:PATH | "
+                        "draft model (default: ngram,default); "
                         "the no-speculation baseline is always measured")
     b.add_argument("--temperature", default="0", metavar="T1,T2,...", help="sampling temperatures (seeded)")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
@@ -61,7 +62,7 @@ def cmd_bench(args) -> int:
     check_counts(args)
     if args.url and (args.draft or args.tree):
         raise ValueError(f"--url {args.url}: the method is the server's; drop --draft/--tree")
-    methods = parse_methods(args.draft or "ngram,layerskip:8")
+    methods = parse_methods(args.draft or "ngram,default")
     concurrency = parse_int_list("--concurrency", args.concurrency)
     temperatures = parse_float_list("--temperature", args.temperature)
     spec_tokens, adaptive = parse_spec_tokens(args.spec_tokens)

@@ -142,15 +142,23 @@ ENGINE_SPECS = [
     dict(draft="draft", k=4),
     dict(draft="draft", tree=[2, 2, 1]),
     dict(draft="ngram", k=5, adaptive=True),
+    dict(draft="eagle", k=3),
 ]
 
 
-def test_seeded_output_does_not_depend_on_speculation_or_batch(tiny_target_dir, tiny_draft_dir, tiny_prompts):
+def test_seeded_output_does_not_depend_on_speculation_or_batch(tiny_target_dir, tiny_draft_dir, tiny_prompts,
+                                                               tmp_path):
+    from actors.model.loader import load_model
+    from tests.tiny import random_eagle_head
+
+    head = random_eagle_head(load_model(tiny_target_dir).model, 128, tmp_path / "head.safetensors")
     params = SamplingParams(max_tokens=TINY_MAX_TOKENS, temperature=1.0, top_p=0.95, seed=21, ignore_eos=True)
     prompts = tiny_prompts[:4]
     reference = None
     drafted = 0
     for spec in ENGINE_SPECS:
+        if spec["draft"] == "eagle":
+            spec = {**spec, "draft": f"eagle:{head}"}
         eng = tiny_engine(tiny_target_dir, draft_dir=tiny_draft_dir, **spec)
         for concurrency in (1, 4):
             outs = eng.generate(prompts, params, concurrency=concurrency)

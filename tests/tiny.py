@@ -66,3 +66,14 @@ def random_prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 40, vocab: int 
         base = torch.randint(3, vocab, (max(2, length // 2),), generator=g).tolist()
         out.append((base * 3)[:length])
     return out
+
+
+def random_eagle_head(model, vocab_size: int, path: Path, seed: int = 0) -> Path:
+    """An untrained EAGLE head file for ``model`` (a random draft vocabulary of ``vocab_size``)."""
+    from actors.eagle.head import EagleHead, HeadConfig
+
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.for_target(model.config, vocab_size, "random"))
+    head.draft_vocab.copy_(torch.randperm(model.config.vocab_size)[:vocab_size].sort().values)
+    head.save(path)
+    return path

@@ -3,12 +3,12 @@
 1. ``generate_responses``: the target answers the prompt mix through the engine at high batch
    (mostly greedy, some sampled), streaming finished answers into ``responses/shard-*.jsonl``.
    Re-running skips prompts already answered, so a crash loses at most one shard.
-2. ``extract_features``: one teacher-forced target forward per answered conversation gives the
-   features f_t (final-normed hidden states, the head's input and regression target) and the
-   target's greedy next token at every position; saved per response shard as ``features/*.pt``.
-
-Why a separate stage 2: generation may run in bf16 for speed, but the head must learn from the
-features it will see at run time (the target's own dtype), so they are recomputed exactly.
+   ``write_offline_shards`` adds offline conversations (actors/eagle/offline_text.py) as
+   ``responses/text-*.jsonl`` in the same format, without generating anything.
+2. ``extract_features``: one teacher-forced target forward per conversation gives the features
+   f_t (final-normed hidden states, the head's input and regression target) and the target's
+   greedy next token at every position; saved per response shard as ``features/*.pt``
+   (the target's answers first, then offline text, until its deadline).
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class Example:
     tokens: torch.Tensor  # [n] int64
     features: torch.Tensor  # [n, H] fp16: f_t, final-normed hidden state of position t
     target_next: torch.Tensor  # [n] int64: the target's argmax after position t
+    num_prompt: int  # tokens before the answer (the loss covers the answer only)
+    source: str  # "gen" (the target's own answer) or "text" (offline)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -57,7 +59,7 @@ def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float):
 
 
 def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, concurrency: int = 48,
-                       shard_size: int = 128, max_tokens: int = 160, sampled_frac: float = 0.25,
+                       shard_size: int = 32, max_tokens: int = 160, sampled_frac: float = 0.25,
                        seed: int = 0) -> int:
     """Answer ``prompts`` (chat messages) until done or ``time.time() > deadline``; returns the
     number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch)."""
@@ -81,7 +83,8 @@ def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, co
     while (nxt < len(todo) or ids) and time.time() < deadline:
         while nxt < len(todo) and len(ids) < concurrency:
             i = todo[nxt]
-            seq = engine.add_request(f"eagle-{i}", prompts[i], _params_for(i, seed, max_tokens, sampled_frac), chat=True)
+            params = _params_for(i, seed, max_tokens, sampled_frac)
+            seq = engine.add_request(f"eagle-{i}", prompts[i], params, chat=True)
             ids[seq.request_id] = i
             nxt += 1
         for out in engine.step():
@@ -136,15 +139,42 @@ def target_features(model, convs: list[list[int]], device: torch.device, block_s
     return out
 
 
-def extract_features(model, out_dir: Path, device: torch.device, batch_tokens: int = 2048) -> int:
-    """Features for every response shard that has none yet; returns the number of feature shards."""
+def write_offline_shards(tokenizer, convs: list[list[dict]], out_dir: Path, shard_size: int = 64,
+                         max_answer_tokens: int = 384) -> int:
+    """Offline (user, assistant) conversations as response shards ``text-*.jsonl`` (once)."""
+    from cluster.prompts import PromptEncoder
+
+    resp_dir = out_dir / "responses"
+    resp_dir.mkdir(parents=True, exist_ok=True)
+    if any(resp_dir.glob("text-*.jsonl")):
+        return len(list(resp_dir.glob("text-*.jsonl")))
+    enc, eos = PromptEncoder(tokenizer), tokenizer.eos_token_id
+    for n, start in enumerate(range(0, len(convs), shard_size)):
+        rows = []
+        for i, (user, answer) in enumerate(convs[start: start + shard_size], start=start):
+            out = tokenizer.encode(answer["content"], add_special_tokens=False)[:max_answer_tokens] + [eos]
+            rows.append({"index": i, "prompt_ids": enc.encode([user], chat=True), "output_ids": out})
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        _atomic_write(resp_dir / f"text-{n:05d}.jsonl", lambda p: p.write_text(text))
+    return -(-len(convs) // shard_size)
+
+
+def extract_features(model, out_dir: Path, device: torch.device, deadline: float = float("inf"),
+                     batch_tokens: int = 2048) -> int:
+    """Features for every response shard that has none yet, until ``deadline``; returns the number
+    of feature shards."""
     feat_dir = out_dir / "features"
     feat_dir.mkdir(parents=True, exist_ok=True)
     t0, ntok = time.time(), 0
-    for shard in sorted((out_dir / "responses").glob("shard-*.jsonl")):
-        target = feat_dir / (shard.stem + ".pt")
-        if target.exists():
-            continue
+    while True:  # re-list every time: answers still being generated come first ("shard-" < "text-")
+        todo = [s for s in sorted((out_dir / "responses").glob("*.jsonl"))
+                if not (feat_dir / (s.stem + ".pt")).exists()]
+        if not todo:
+            break
+        shard, target = todo[0], feat_dir / (todo[0].stem + ".pt")
+        if time.time() > deadline:
+            log.info("features: out of time, %d shards left out", len(todo))
+            break
         rows = [json.loads(line) for line in shard.read_text().splitlines() if line]
         convs = [r["prompt_ids"] + r["output_ids"] for r in rows]
         tokens, feats, nexts = [], [], []
@@ -158,14 +188,15 @@ def extract_features(model, out_dir: Path, device: torch.device, batch_tokens: i
                    "num_prompt_tokens": [len(r["prompt_ids"]) for r in rows]}
         _atomic_write(target, lambda p: torch.save(payload, p))
         log.info("features: %s (%d tokens so far, %.0f tok/s)", target.name, ntok, ntok / (time.time() - t0))
-    return len(list(feat_dir.glob("shard-*.pt")))
+    return len(list(feat_dir.glob("*.pt")))
 
 
 def load_examples(out_dir: Path) -> list[Example]:
     """Every conversation with features, in shard order."""
     out = []
-    for f in sorted((out_dir / "features").glob("shard-*.pt")):
+    for f in sorted((out_dir / "features").glob("*.pt")):
         d = torch.load(f)
-        for t, x, nx in zip(d["tokens"], d["features"], d["target_next"]):
-            out.append(Example(t.long(), x, nx.long()))
+        source = "text" if f.name.startswith("text-") else "gen"
+        for t, x, nx, npr in zip(d["tokens"], d["features"], d["target_next"], d["num_prompt_tokens"]):
+            out.append(Example(t.long(), x, nx.long(), int(npr), source))
     return out

@@ -82,8 +82,10 @@ class EagleHead(nn.Module):
 
     def init_from_target(self, target) -> None:
         """Warm start: the layer from the target's last decoder layer, the output norm from its final
-        norm, and fc passing the feature through (the head starts as 'one more target layer')."""
+        norm, and fc passing the feature through un-normed (f / final norm weight), so the head
+        starts as 'one more target layer' whose output is close to its input feature."""
         last, h = target.layers[-1], self.cfg.hidden_size
+        w = target.norm.weight.detach().float()
         with torch.no_grad():
             self.input_norm.copy_(last.input_layernorm.weight)
             self.qkv.weight.copy_(last.self_attn.qkv_proj.weight)
@@ -93,7 +95,7 @@ class EagleHead(nn.Module):
             self.down.weight.copy_(last.mlp.down_proj.weight)
             self.out_norm.copy_(target.norm.weight)
             self.fc.weight.mul_(0.1)
-            self.fc.weight[:, h:].add_(torch.eye(h))
+            self.fc.weight[:, h:].add_(torch.diag(1.0 / w.clamp(min=1e-2)))
             self.fc.bias.zero_()
 
     # ---- the block -----------------------------------------------------------------------
@@ -122,7 +124,7 @@ class EagleHead(nn.Module):
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [..., H] -> logits over the draft vocabulary [..., Vd]."""
-        return feats @ self.lm_rows.T
+        return F.linear(feats.to(self.lm_rows.dtype), self.lm_rows)
 
     # ---- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, info: dict | None = None) -> None:

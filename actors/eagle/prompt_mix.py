@@ -19,7 +19,7 @@ import re
 BENCHMARK_TOPICS = (
     "australia", "hash table", "sky blue", "seasons", "palindrome", "fibonacci", "fib(", "highest total order",
     "lines of all", "bike lane", "photosynthesis", "lighthouse", "snowed-in", "sunrise", "moved to thursday",
-    "passport", "planet", "alice", "technical documentation", "mystery story",
+    "passport", "planet", "alice", "technical documentation", "mystery story", "anagram",
 )
 
 CONCEPTS = (

@@ -1,0 +1,289 @@
+"""The EAGLE draft head (actors/eagle): file round trip, clear errors, lossless speculation with the
+committed default head and a random one (greedy at batch 1 and 4, sampling by a chi-square test),
+the proposer's bookkeeping under preemption and prefix caching, and a tiny training run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from actors.eagle.head import DEFAULT_HEADS, EagleHead, HeadConfig, load_head
+from actors.eagle.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix
+from actors.sampling_params import SamplingParams
+from cluster.config import EngineConfig, SpeculativeConfig
+from cluster.engine import LLMEngine
+from tests.tiny import random_eagle_head as random_head
+
+PROMPTS_FILE = Path(__file__).parent.parent / "benchmarks" / "prompts" / "chat20.jsonl"
+MAX_TOKENS = 32
+
+
+# ---- the head file --------------------------------------------------------------------------------
+
+def test_head_shapes_and_save_load_round_trip(tiny_target_dir, tmp_path):
+    from actors.model.loader import load_model
+
+    target = load_model(tiny_target_dir).model
+    head = EagleHead(HeadConfig.for_target(target.config, 64, "tiny"))
+    head.draft_vocab.copy_(torch.arange(0, 256, 4))
+    head.init_from_target(target)
+    head.attach(target)
+    toks, feats = torch.tensor([5, 6, 7]), torch.randn(3, 64)
+    h = head.entry(toks, feats)
+    q, k, v = head.qkv_rope(h, torch.arange(3))
+    assert h.shape == (3, 64) and q.shape == (3, 4, 16) and k.shape == v.shape == (3, 2, 16)
+    out = head.finish(h, torch.randn(3, 64))
+    assert out.shape == (3, 64) and head.logits(out).shape == (3, 64)
+
+    head.save(tmp_path / "h.safetensors", {"note": "test"})
+    back = load_head(tmp_path / "h.safetensors")
+    assert back.cfg == head.cfg
+    assert torch.equal(back.draft_vocab, head.draft_vocab)
+    for (name, a), (_, b) in zip(head.named_parameters(), back.named_parameters()):
+        assert torch.equal(a.detach().half().float(), b), name
+    assert (tmp_path / "h.safetensors").stat().st_size < 1e6
+
+
+def test_committed_default_head_is_small_and_matches_the_default_model(default_model):
+    path = DEFAULT_HEADS["smollm2-135m"]
+    assert path.is_file() and path.stat().st_size <= 25 * 2**20
+    head = load_head(path).attach(default_model.model)
+    assert head.cfg.hidden_size == default_model.config.hidden_size
+    assert len(head.draft_vocab.unique()) == head.cfg.draft_vocab_size
+
+
+def test_draft_arg_parsing():
+    assert SpeculativeConfig.from_draft_arg("default").method == "eagle"
+    spec = SpeculativeConfig.from_draft_arg("eagle:/x/head.safetensors")
+    assert (spec.method, spec.eagle_head) == ("eagle", "/x/head.safetensors")
+    with pytest.raises(ValueError, match="eagle:PATH"):
+        SpeculativeConfig.from_draft_arg("eagle:")
+
+
+def test_clear_errors(default_model, tiny_target_dir, tmp_path):
+    from actors.eagle.proposer import build_eagle_proposer
+    from actors.model.loader import load_model
+
+    tiny = load_model(tiny_target_dir).model
+    tiny_head = random_head(tiny, 32, tmp_path / "tiny.safetensors")
+    with pytest.raises(ValueError, match=r"hidden size 64, vocabulary 256.*hidden size 576, vocabulary 49152"):
+        LLMEngine(_cfg(f"eagle:{tiny_head}"), loaded=default_model)
+    with pytest.raises(ValueError, match="does not exist"):
+        LLMEngine(_cfg(f"eagle:{tmp_path / 'missing.safetensors'}"), loaded=default_model)
+    (tmp_path / "other.safetensors").write_bytes((tiny_target_dir / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        LLMEngine(_cfg(f"eagle:{tmp_path / 'other.safetensors'}"), loaded=default_model)
+    with pytest.raises(ValueError, match="no EAGLE head is committed for model"):
+        build_eagle_proposer(None, str(tiny_target_dir), object())
+    with pytest.raises(ValueError, match="--ray"):  # a TP shard group is not the in-process Verifier
+        build_eagle_proposer(None, "smollm2-135m", object())
+
+
+# ---- lossless on the default model ----------------------------------------------------------------
+
+def _cfg(draft: str, k: int = 5, **kw) -> EngineConfig:
+    spec = SpeculativeConfig.from_draft_arg(draft, k, adaptive=False)
+    return EngineConfig(speculative=spec, num_kv_blocks=256, num_threads=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def chat_prompts():
+    return [json.loads(line)["messages"] for line in PROMPTS_FILE.read_text().splitlines()[:4]]
+
+
+@pytest.fixture(scope="module")
+def greedy_baseline(default_model, chat_prompts):
+    eng = LLMEngine(_cfg("none"), loaded=default_model)
+    return [o.token_ids for o in eng.generate(chat_prompts, SamplingParams(max_tokens=MAX_TOKENS), chat=True)]
+
+
+@pytest.fixture(scope="module")
+def random_default_head(default_model, tmp_path_factory):
+    return random_head(default_model.model, 1024, tmp_path_factory.mktemp("eagle") / "rand.safetensors")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("which", ["committed", "random"])
+def test_greedy_eagle_is_lossless(which, concurrency, default_model, chat_prompts, greedy_baseline,
+                                  random_default_head):
+    draft = "default" if which == "committed" else f"eagle:{random_default_head}"
+    eng = LLMEngine(_cfg(draft), loaded=default_model)
+    outs = eng.generate(chat_prompts, SamplingParams(max_tokens=MAX_TOKENS), chat=True, concurrency=concurrency)
+    assert [o.token_ids for o in outs] == greedy_baseline
+    assert sum(o.num_drafts for o in outs) > 0
+    if which == "committed":  # a trained head gets drafts accepted (a random one: almost never)
+        assert sum(o.num_accepted_tokens for o in outs) / sum(o.num_drafts for o in outs) > 0.1
+    assert not eng.proposer.states, "finished sequences left head state behind"
+
+
+def _next_probs(verifier, ids: list[int], top_k: int) -> torch.Tensor:
+    """The target's top-k distribution after ``ids`` (a scratch verifier: the engine's cache is untouched)."""
+    from actors.sampling import logits_to_probs
+    from actors.verifier import SeqChunk
+
+    n = len(ids)
+    chunk = SeqChunk(ids, list(range(n)), list(range(n)), n, list(range(-(-n // verifier.block_size))))
+    return logits_to_probs(verifier.forward_logits([chunk], [n - 1])[0], 1.0, top_k)
+
+
+@pytest.mark.model
+def test_sampled_eagle_matches_the_target_distribution(default_model):
+    """First three tokens at temperature 1 with top-k 2 (8 outcomes): tokens 2 and 3 come out of
+    verifying a chain of two drafts sampled from the head; their joint law must be the target's."""
+    from actors.verifier import Verifier
+
+    eng = LLMEngine(_cfg("default", k=2), loaded=default_model)
+    ids = eng.prompts.encode("A list of the three primary colors:\n1.")  # short: cheap prefills
+    n = 300
+    params = [SamplingParams(max_tokens=4, temperature=1.0, top_k=2, seed=i, ignore_eos=True) for i in range(n)]
+    outs = eng.generate([ids] * n, params, concurrency=64)
+    assert sum(o.num_draft_tokens for o in outs) >= n, "speculation did not run"
+    accepted = sum(o.num_accepted_tokens for o in outs)
+    assert 0 < accepted < sum(o.num_draft_tokens for o in outs), "need both accepted and rejected drafts"
+    exact: dict[tuple, float] = {}
+    scratch = Verifier(default_model.model, 8, 16, torch.device("cpu"), torch.float32)
+    p1 = _next_probs(scratch, ids, 2)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = _next_probs(scratch, ids + [t1], 2)
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = _next_probs(scratch, ids + [t1, t2], 2)
+            for t3 in p3.nonzero().flatten().tolist():
+                exact[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    seen = [tuple(o.token_ids[:3]) for o in outs]
+    assert set(seen) <= set(exact), "a sequence the target cannot produce was generated"
+    total = sum(exact.values())
+    big = [c for c in sorted(exact) if exact[c] * n / total >= 5]  # rare outcomes pooled into one cell
+    observed = [seen.count(c) for c in big] + [sum(1 for t in seen if t not in big)]
+    expected = [exact[c] * n / total for c in big] + [n - sum(exact[c] * n / total for c in big)]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    assert chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
+
+
+# ---- bookkeeping on a tiny target -----------------------------------------------------------------
+
+def test_preemption_chunked_prefill_and_prefix_hits_stay_lossless(tiny_target_dir, tiny_prompts, tiny_baseline,
+                                                                  tmp_path):
+    from actors.model.loader import load_model
+    from tests.tiny import TINY_MAX_TOKENS, tiny_engine
+
+    path = random_head(load_model(tiny_target_dir).model, 128, tmp_path / "tiny.safetensors")
+    params = SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True)
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=3, num_kv_blocks=24, max_model_len=64,
+                      max_num_batched_tokens=16, adaptive=False)
+    assert [o.token_ids for o in eng.generate(tiny_prompts, params)] == tiny_baseline
+    assert eng.scheduler.num_preemptions > 0
+    again = eng.generate(tiny_prompts[:2], params)  # prefix-cache hits: the head starts mid-prompt
+    assert [o.token_ids for o in again] == tiny_baseline[:2]
+    assert not eng.proposer.states
+
+
+def _teacher_forced_first_drafts(head: EagleHead, model, ids: list[int]) -> list[int]:
+    """The head's depth-1 prediction at every origin t of ``ids`` from the target's true features:
+    entry (x_{t+1}, f_t) -> the token after position t + 1 (what training and evaluation score)."""
+    from actors.eagle.data import target_features
+
+    feats = target_features(model, [ids], torch.device("cpu"))[0][0].to(head.fc.weight.dtype)  # [n, H]
+    n = len(ids)
+    h = head.entry(torch.tensor(ids[1:]), feats[:-1])
+    q, k, v = head.qkv_rope(h, torch.arange(n - 1))
+    g = q.shape[1] // k.shape[1]
+    mask = torch.ones(n - 1, n - 1, dtype=torch.bool).tril()
+    attn = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.repeat_interleave(g, 1).transpose(0, 1), v.repeat_interleave(g, 1).transpose(0, 1),
+        attn_mask=mask).transpose(0, 1).reshape(n - 1, -1)
+    return head.draft_vocab[head.logits(head.finish(h, attn)).argmax(-1)].tolist()
+
+
+@torch.inference_mode()
+def test_online_drafts_equal_the_teacher_forced_predictions(tiny_target_dir, tiny_prompts, tmp_path):
+    """The proposer's incremental cache (catch-up of prefill chunks and accepted paths) must give the
+    same first draft at every step as the head run once over the whole finished sequence: what the
+    offline held-out figures measure is then what serving gets."""
+    from actors.model.loader import load_model
+    from tests.tiny import TINY_MAX_TOKENS, tiny_engine
+
+    model = load_model(tiny_target_dir).model
+    path = random_head(model, 128, tmp_path / "tiny.safetensors", seed=1)
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=3, max_num_batched_tokens=16)
+    drafts: dict[int, list[tuple[int, int]]] = {}  # seq_id -> (root position, depth-1 draft)
+    propose = eng.proposer.propose
+
+    def recording(reqs):
+        trees = propose(reqs)
+        for r, t in zip(reqs, trees):
+            if len(t.tokens) > 1:
+                drafts.setdefault(r.seq_id, []).append((r.root_position, t.tokens[1]))
+        return trees
+
+    eng.proposer.propose = recording
+    params = SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True)
+    seqs = [eng.add_request(f"r{i}", p, params) for i, p in enumerate(tiny_prompts[:4])]
+    while eng.has_unfinished():
+        eng.step()
+    same = shifted = total = 0
+    for seq in seqs:
+        ref = _teacher_forced_first_drafts(eng.proposer.head, model, seq.token_ids)
+        for root, tok in drafts[seq.seq_id]:
+            total += 1
+            same += tok == ref[root - 1]
+            shifted += tok == ref[root - 2]
+    assert total >= 4 * 10
+    assert same / total >= 0.95, (same, total)
+    assert shifted / total < 0.5, "the reference does not tell positions apart"
+
+
+# ---- the recipe -----------------------------------------------------------------------------------
+
+def test_prompt_mix_is_varied_and_avoids_the_benchmarks():
+    mix = [m[-1]["content"] for m in build_prompt_mix(3000)]
+    assert len(set(mix)) == 3000
+    bench = set()
+    for f in (Path(__file__).parent.parent / "benchmarks" / "prompts").glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                bench.add((d.get("messages") or [{"content": d.get("prompt", "")}])[-1]["content"])
+    assert not bench & set(mix)
+    assert not [m for m in mix if any(t in m.lower() for t in BENCHMARK_TOPICS)]
+    kinds = {m.split()[0] for m in mix}
+    assert len(kinds) >= 15, kinds
+
+
+@pytest.mark.parametrize("argv, bad", [(["--minutes", "0"], "--minutes 0.0"),
+                                       (["--gen-frac", "0.8", "--feat-frac", "0.3"], "--gen-frac 0.8"),
+                                       (["--init", "/no/such/head.safetensors"], "'/no/such/head.safetensors'"),
+                                       (["--stages", "gen,fly"], "'gen,fly'")])
+def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
+    from actors.eagle.train import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "run"), *argv])
+    assert e.value.code == 2 and bad in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_tiny_training_run_writes_a_loadable_head(default_model, tmp_path):
+    from actors.eagle.train import main
+
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--minutes", "4", "--num-prompts", "3", "--max-tokens", "6",
+                 "--concurrency", "3", "--text-items", "4", "--max-steps", "2", "--draft-vocab", "256",
+                 "--batch-tokens", "512", "--threads", "2"]) == 0
+    assert sorted(p.name for p in (out / "features").glob("*.pt")) == ["shard-00000.pt", "text-00000.pt"]
+    head = load_head(out / "head.safetensors").attach(default_model.model)
+    assert head.cfg.draft_vocab_size <= 256
+    info = json.loads(__import__("safetensors").safe_open(str(out / "head.safetensors"), "pt").metadata()["info"])
+    assert info["steps"] == 2
+
+    first = out / "first.safetensors"
+    (out / "head.safetensors").rename(first)
+    assert main(["--out", str(out), "--stages", "train", "--init", str(first), "--max-steps", "1",
+                 "--batch-tokens", "512", "--threads", "2"]) == 0  # continue training: same vocabulary
+    again = load_head(out / "head.safetensors")
+    assert torch.equal(again.draft_vocab, load_head(first).draft_vocab)
+    assert not torch.equal(again.fc.weight, load_head(first).fc.weight)

@@ -54,7 +54,7 @@ def is_draft_model(method: str) -> bool:
     """A draft model alias or an existing local path (HF directory or .gguf)."""
     from actors.model import registry
 
-    return method not in ("none", "ngram", "default") and not method.startswith(("layerskip", "eagle")) and (
+    return method not in ("none", "ngram", "default", "eagle") and not method.startswith(("layerskip", "eagle:")) and (
         registry.is_alias(method) or Path(method).expanduser().exists())
 
 
@@ -63,7 +63,7 @@ def check_method(method: str) -> str:
 
     if method in ("none", "ngram") or is_draft_model(method):
         return method
-    if method == "default" or method.startswith(("layerskip", "eagle")):
+    if method in ("default", "eagle") or method.startswith(("layerskip", "eagle:")):
         SpeculativeConfig.from_draft_arg(method)  # raises naming the value
         return method
     raise ValueError(f"--draft {method!r}: unknown method; use one of {', '.join(BUILTIN_METHODS)} "

@@ -154,6 +154,7 @@ def test_prompt_set_names_the_bad_line(tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--draft", "ngram,eagle9"], "'eagle9'"),
+    (["--draft", "eagle:"], "eagle:PATH"),
     (["--draft", "layerskip:x"], "layerskip:x"),
     (["--concurrency", "1,x"], "--concurrency '1,x'"),
     (["--concurrency", "0,2"], "--concurrency '0,2'"),
@@ -253,6 +254,16 @@ def test_peers_plain_and_prompt_lookup_with_ratios(prompts_file):
     assert by_name["transformers.generate"].ratio == pytest.approx(2.0)
     assert by_name["transformers.prompt_lookup"].ratio is None and "no specray run" in by_name[
         "transformers.prompt_lookup"].note
+
+
+def test_peer_ratio_compares_with_the_fixed_k_run_not_the_adaptive_one():
+    from benchmarks.peers import PeerResult, attach_ratios
+
+    row = dict(method="ngram", spec_tokens=5, tree=None, concurrency=1, temperature=0.0)
+    rows = [{**row, "spec": "K=5", "tokens_per_s": 30.0}, {**row, "spec": "auto K<=5", "tokens_per_s": 20.0}]
+    peer = PeerResult("transformers.prompt_lookup", "ngram", 5, 100, 10.0, 10.0)
+    attach_ratios([peer], rows)
+    assert peer.specray_tokens_per_s == 30.0 and peer.ratio == pytest.approx(3.0)
 
 
 # ---- the HTTP client against a fake OpenAI-compatible streaming server -------------------------

@@ -15,7 +15,7 @@ import torch
 
 from actors.drafter import DraftRequest, Proposer
 from actors.kv_allocator import KVBlockAllocator
-from actors.sampling import logits_to_probs, position_race, race_scores
+from actors.sampling import logits_to_probs, race_top
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 
@@ -52,8 +52,7 @@ def _expand(job: _Job, depth: int, rows: torch.Tensor) -> None:
             if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
                 toks = torch.multinomial(q, width, replacement=True, generator=req.generator).tolist()
             else:  # seeded: the target will pick argmax(p / E) with this position's race; guess its top-width
-                race = position_race(p.seed, job.ctx + depth + 1, q.shape[-1], q.device)
-                toks = race_scores(q, race).topk(min(width, int((q > 0).sum()))).indices.tolist()
+                toks = race_top(q, p.seed, job.ctx + depth + 1, width)
             new += [job.tree.add(parent, int(t), q) for t in toks]
     job.frontier = new
 

@@ -113,6 +113,13 @@ def position_race(seed: int, position: int, vocab: int, device: torch.device | s
     return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=g)
 
 
+def race_top(probs: torch.Tensor, seed: int, position: int, width: int) -> list[int]:
+    """probs [V] a draft's q -> the ``width`` likeliest winners of (seed, position)'s race under q:
+    the best guesses of the token a seeded target draws there (fewer if q has fewer tokens)."""
+    race = position_race(seed, position, probs.shape[-1], probs.device)
+    return race_scores(probs, race).topk(min(width, int((probs > 0).sum()))).indices.tolist()
+
+
 def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
     """Draw the token at ``position`` from probs [V] with the (seed, position) race: the same token
     every time the same distribution is seen at that position, however it got there."""

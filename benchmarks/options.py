@@ -50,11 +50,16 @@ def parse_float_list(flag: str, text: str, minimum: float = 0.0) -> list[float]:
     return list(dict.fromkeys(values))
 
 
+def _parsed_by_config(method: str) -> bool:
+    """Built-in names that SpeculativeConfig.from_draft_arg parses (and validates) itself."""
+    return method in ("default", "eagle") or method.startswith(("layerskip", "eagle:"))
+
+
 def is_draft_model(method: str) -> bool:
     """A draft model alias or an existing local path (HF directory or .gguf)."""
     from actors.model import registry
 
-    return method not in ("none", "ngram", "default", "eagle") and not method.startswith(("layerskip", "eagle:")) and (
+    return method not in ("none", "ngram") and not _parsed_by_config(method) and (
         registry.is_alias(method) or Path(method).expanduser().exists())
 
 
@@ -63,7 +68,7 @@ def check_method(method: str) -> str:
 
     if method in ("none", "ngram") or is_draft_model(method):
         return method
-    if method in ("default", "eagle") or method.startswith(("layerskip", "eagle:")):
+    if _parsed_by_config(method):
         SpeculativeConfig.from_draft_arg(method)  # raises naming the value
         return method
     raise ValueError(f"--draft {method!r}: unknown method; use one of {', '.join(BUILTIN_METHODS)} "

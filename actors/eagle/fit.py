@@ -33,11 +33,16 @@ EVAL_DEPTH = 5  # held-out figures for a chain of K=5, the benchmark's setting
 GEN_REPEAT = 2  # the target's own answers are seen twice per epoch: they are the traffic the head drafts
 
 
+def _answer_predictions(ex: Example) -> torch.Tensor:
+    """[n] the target's predictions at the positions that predict answer tokens."""
+    return ex.target_next[max(0, ex.num_prompt - 1):]
+
+
 def choose_draft_vocab(examples: list[Example], size: int) -> tuple[torch.Tensor, float]:
     """The ``size`` tokens the target predicts most often in answers, and the share they cover."""
     counts = Counter()
     for ex in examples:
-        counts.update(ex.target_next[max(0, ex.num_prompt - 1):].tolist())
+        counts.update(_answer_predictions(ex).tolist())
     top = [t for t, _ in counts.most_common(size)]
     covered = sum(counts[t] for t in top) / max(1, sum(counts.values()))
     return torch.tensor(sorted(top), dtype=torch.int64), covered
@@ -45,7 +50,7 @@ def choose_draft_vocab(examples: list[Example], size: int) -> tuple[torch.Tensor
 
 def vocab_coverage(examples: list[Example], vocab: torch.Tensor) -> float:
     """The share of the target's answer predictions that ``vocab`` holds."""
-    nxt = torch.cat([ex.target_next[max(0, ex.num_prompt - 1):] for ex in examples])
+    nxt = torch.cat([_answer_predictions(ex) for ex in examples])
     return float(torch.isin(nxt, vocab).float().mean()) if len(nxt) else 0.0
 
 

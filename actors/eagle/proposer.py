@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from actors.drafter import DraftRequest, Proposer
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, position_race, race_scores
+from actors.sampling import logits_to_probs, race_top
 from actors.tree import TokenTree
 
 
@@ -168,8 +168,7 @@ class EagleProposer(Proposer):
                 if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
                     picks = vocab[torch.multinomial(q_small, width, replacement=True, generator=r.generator)].tolist()
                 else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
-                    race = position_race(p.seed, r.root_position + depth + 1, q.shape[-1], q.device)
-                    picks = race_scores(q, race).topk(min(width, int((q > 0).sum()))).indices.tolist()
+                    picks = race_top(q, p.seed, r.root_position + depth + 1, width)
                 nodes = [tree.add(tips[j], t, q) for t in picks]
             tips[j] = nodes[0]
             nxt.append(picks[0])

@@ -2,7 +2,8 @@
 
 - ``ngram``: prompt lookup (longest suffix match in prompt + output), deterministic proposals;
 - ``layerskip:N`` and ``draft``: model proposers, see actors/model_drafter.py;
-- ``MergedProposer``: several proposers' trees merged into one (SpecInfer's merge).
+- ``MergedProposer``: several proposers' trees merged into one (SpecInfer's merge);
+- ``FallbackProposer``: one proposer's tree where it drafts anything, another's elsewhere.
 A proposer that fails raises; the engine then decodes that step without speculation.
 """
 from __future__ import annotations
@@ -47,6 +48,12 @@ class Proposer(ABC):
     def release(self, seq_id: int) -> None:
         """The sequence finished, was aborted or preempted: drop any per-sequence state."""
 
+    def draft_source(self, token_ids: list[int]) -> str | None:
+        """What kind of draft this proposer would make after ``token_ids`` (None: no draft at all).
+        The adaptive policy keeps acceptance estimates per kind: n-gram lookup after a 4-token
+        match is right far more often than after a 1-token one."""
+        return self.name
+
 
 class NgramProposer(Proposer):
     """Prompt lookup: find the longest suffix (``n_max`` down to ``n_min`` tokens) that occurred
@@ -72,21 +79,31 @@ class NgramProposer(Proposer):
             return TokenTree.root(int(tokens[-1]))
         return truncate_tree(merge_trees(trees), req.max_nodes)
 
-    def _continuations(self, tokens: np.ndarray, depth: int, width: int) -> list[list[int]]:
+    def draft_source(self, token_ids: list[int]) -> str | None:
+        n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
+        return f"ngram{n}" if n else None
+
+    def _longest_match(self, tokens: np.ndarray) -> tuple[int, np.ndarray]:
+        """(n, starts): the longest suffix length in n_min..n_max that occurred earlier with a
+        continuation, and where (ascending); (0, []) when none did."""
         n_tok = len(tokens)
         for n in range(min(self.n_max, n_tok - 1), self.n_min - 1, -1):
             windows = sliding_window_view(tokens[:-1], n)  # [n_tok - n, n]: earlier n-grams
             starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            out: list[list[int]] = []
-            for s in starts[::-1]:  # most recent match first
-                cont = tokens[s + n: s + n + depth].tolist()
-                if cont and cont not in out:
-                    out.append(cont)
-                if len(out) >= width:
-                    break
-            if out:
-                return out
-        return []
+            if len(starts):  # each earlier match ends before the last token: it has a continuation
+                return n, starts
+        return 0, np.zeros(0, dtype=np.int64)
+
+    def _continuations(self, tokens: np.ndarray, depth: int, width: int) -> list[list[int]]:
+        n, starts = self._longest_match(tokens)
+        out: list[list[int]] = []
+        for s in starts[::-1]:  # most recent match first
+            cont = tokens[s + n: s + n + depth].tolist()
+            if cont and cont not in out:
+                out.append(cont)
+            if len(out) >= width:
+                break
+        return out
 
 
 class MergedProposer(Proposer):
@@ -104,3 +121,42 @@ class MergedProposer(Proposer):
     def release(self, seq_id: int) -> None:
         for p in self.proposers:
             p.release(seq_id)
+
+
+class FallbackProposer(Proposer):
+    """``first``'s tree for each request where it drafted anything, ``second``'s for the others.
+
+    ``--draft default`` is prompt lookup (a suffix of >= 2 tokens recurs: copying, loops, code
+    edits) before the EAGLE head: lookup is right more often where it matches, and the head drafts
+    where it does not. Features for a feature-reading ``second`` (EAGLE) are forwarded on every
+    step, so it stays in sync while ``first`` drafts."""
+
+    name = "fallback"
+
+    def __init__(self, first: Proposer, second: Proposer):
+        self.first, self.second = first, second
+        self.needs_hidden = getattr(first, "needs_hidden", False) or getattr(second, "needs_hidden", False)
+        self.num_first = self.num_second = 0  # requests drafted by each (for benchmarks and tests)
+
+    def draft_source(self, token_ids: list[int]) -> str | None:
+        src = self.first.draft_source(token_ids)
+        return src if src is not None else self.second.draft_source(token_ids)
+
+    def observe(self, seq_id: int, start: int, features) -> None:
+        for p in (self.first, self.second):
+            if getattr(p, "needs_hidden", False):
+                p.observe(seq_id, start, features)
+
+    def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
+        trees = self.first.propose(reqs)
+        rest = [i for i, t in enumerate(trees) if t.num_draft_tokens == 0]
+        if rest:
+            for i, tree in zip(rest, self.second.propose([reqs[i] for i in rest])):
+                trees[i] = tree
+        self.num_first += len(reqs) - len(rest)
+        self.num_second += len(rest)
+        return trees
+
+    def release(self, seq_id: int) -> None:
+        self.first.release(seq_id)
+        self.second.release(seq_id)

@@ -8,7 +8,10 @@ tokens per second of the whole batch:
 
 - ``E_s(k) = 1 + sum_{j<=k} prod_{i<=j} r_s,i`` with ``r_s,i`` the estimated probability that
   draft position i is accepted given positions < i were (``AcceptanceEstimator``: engine-wide
-  counts per position as the prior, each sequence's own counts on top).
+  counts per position as the prior, each sequence's own counts on top). Estimates are kept per
+  draft source (``Proposer.draft_source``: n-gram lookup after a 4-token match, after a 2-token
+  one, the EAGLE head, ...): one blended rate would draft too little where lookup matches and
+  too much where only a weak model drafts. A source of None drafts nothing: depth 0.
 - ``t_verify(N)``: measured seconds of decode-only target forwards (+ verification) of N tokens,
   ``t_draft``: measured seconds of one draft round for B sequences (``CostTable``: EWMAs per size,
   interpolated, extrapolated with the last measured slope).
@@ -228,13 +231,15 @@ class DecodeSlot:
     seq_id: int
     max_depth: int  # what the configuration, the request and the KV reservation allow
     fixed: bool = False  # the request fixed its K: not optimised
+    source: str | None = ""  # the proposer's draft_source for this sequence now (None: no draft)
 
 
 class SpecPolicy:
     def __init__(self, max_depth: int, explore_every: int = 32, prior_rate: float = 0.5):
         self.max_depth = max_depth
         self.explore_every = explore_every
-        self.acceptance = AcceptanceEstimator(max_depth, prior_rate=prior_rate)
+        self.prior_rate = prior_rate
+        self.acceptance: dict[str, AcceptanceEstimator] = {}  # per draft source
         self.verify_cost = CostTable()  # all decode-only steps
         # per number of sequences in the step: a draft token costs less than another sequence's
         # token (no attention over another context), so tokens alone mix unlike forwards
@@ -242,18 +247,27 @@ class SpecPolicy:
         self.draft_cost = CostTable()
         self.num_steps = 0
         self.last_goodput: float | None = None
-        self.last_depth: dict[int, int] = {}
+        self.last_depth: dict[int, dict[str, int]] = {}  # seq_id -> source -> depth last chosen
+        self.last_source: dict[int, str] = {}  # the source each sequence was last offered a draft from
+
+    def estimator(self, source: str) -> AcceptanceEstimator:
+        est = self.acceptance.get(source)
+        if est is None:
+            est = self.acceptance[source] = AcceptanceEstimator(self.max_depth, prior_rate=self.prior_rate)
+        return est
 
     def begin_step(self) -> None:
         """Once per engine step, before scheduling (exploration counts engine steps)."""
         self.num_steps += 1
 
-    def reserve(self, seq_id: int) -> bool:
+    def reserve(self, seq_id: int, source: str | None = "") -> bool:
         """Whether the scheduler should hold draft slots (KV and token budget) for this sequence this
-        step: not for one the policy last kept at depth 0, except on exploration steps. Reserving for
-        every sequence would take the batch's token budget from prefills even when speculation is
-        off."""
-        return self.num_steps % self.explore_every == 0 or self.last_depth.get(seq_id, 1) > 0
+        step, drafting from ``source``: not when nothing would draft, nor for one the policy last
+        kept at depth 0 with this source, except on exploration steps. Reserving for every sequence
+        would take the batch's token budget from prefills even when speculation is off."""
+        if source is None:
+            return False
+        return self.num_steps % self.explore_every == 0 or self.last_depth.get(seq_id, {}).get(source, 1) > 0
 
     def verify_model(self, num_seqs: int | None) -> CostTable:
         """The verify-cost table for a step of ``num_seqs`` sequences: the one measured at that
@@ -268,7 +282,7 @@ class SpecPolicy:
         sequences in the forward (default: unknown, all steps' costs)."""
         if not slots:
             return []
-        free = [i for i, s in enumerate(slots) if not s.fixed and s.max_depth > 0]
+        free = [i for i, s in enumerate(slots) if not s.fixed and s.max_depth > 0 and s.source is not None]
         depths = [s.max_depth if s.fixed else 0 for s in slots]
         if not free:
             return depths
@@ -276,9 +290,10 @@ class SpecPolicy:
             for i in free:
                 depths[i] = slots[i].max_depth
             return self._remember(slots, depths)
-        prior = self.acceptance.global_rates()
+        priors = {src: self.estimator(src).global_rates() for src in {slots[i].source for i in free}}
         K = max(slots[i].max_depth for i in free)
-        rates = np.array([self.acceptance.rates(slots[i].seq_id, prior)[:K] for i in free])
+        rates = np.array([self.estimator(slots[i].source).rates(slots[i].seq_id, priors[slots[i].source])[:K]
+                          for i in free])
         gains = np.cumprod(rates, axis=1)
         fixed_extra = sum(d for d in depths)
         chosen, self.last_goodput = choose_depths(
@@ -293,11 +308,14 @@ class SpecPolicy:
 
     def _remember(self, slots: list[DecodeSlot], depths: list[int]) -> list[int]:
         for s, d in zip(slots, depths):
-            self.last_depth[s.seq_id] = d
+            if s.source is not None:
+                self.last_depth.setdefault(s.seq_id, {})[s.source] = d
+                self.last_source[s.seq_id] = s.source
         return depths
 
     def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
-        self.acceptance.record(seq_id, depth, num_accepted)
+        """The verified draft of ``seq_id`` this step (counted for the source chosen from)."""
+        self.estimator(self.last_source.get(seq_id, "")).record(seq_id, depth, num_accepted)
 
     def observe_verify(self, num_tokens: int, seconds: float, num_seqs: int | None = None) -> None:
         self.verify_cost.observe(num_tokens, seconds)
@@ -309,5 +327,7 @@ class SpecPolicy:
             self.draft_cost.observe(num_seqs, seconds / depth)
 
     def release(self, seq_id: int) -> None:
-        self.acceptance.release(seq_id)
+        for est in self.acceptance.values():
+            est.release(seq_id)
         self.last_depth.pop(seq_id, None)
+        self.last_source.pop(seq_id, None)

@@ -22,7 +22,8 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="measure speedup per method, K, temperature and concurrency")
     add_common_args(b, concurrency="1,8", spec_tokens="5")
     b.add_argument("--draft", default=None, metavar="M1,M2,...",
-                   help="methods: none | ngram | layerskip:N | default (the committed EAGLE head) | eagle:PATH | "
+                   help="methods: none | ngram | layerskip:N | default (prompt lookup where the text repeats, "
+                        "the committed EAGLE head elsewhere) | eagle (that head alone) | eagle:PATH | "
                         "draft model (default: ngram,default); "
                         "the no-speculation baseline is always measured")
     b.add_argument("--temperature", default="0", metavar="T1,T2,...", help="sampling temperatures (seeded)")

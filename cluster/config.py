@@ -15,7 +15,9 @@ class SpeculativeConfig(BaseModel):
 
     ``method``: none | ngram | layerskip | draft | eagle. ``num_spec_tokens`` (K) is the chain length;
     ``tree`` (an expansion config such as 1,1,3,1,1) replaces the chain with a token tree.
-    ``eagle_head``: an EAGLE head file (actors/eagle); None = the head committed for the model."""
+    ``eagle_head``: an EAGLE head file (actors/eagle); None = the head committed for the model.
+    ``lookup_first``: draft by prompt lookup where a suffix of >= 2 tokens recurs and by the
+    proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -25,6 +27,7 @@ class SpeculativeConfig(BaseModel):
     layerskip_layers: int | None = Field(None, ge=1)
     draft_model: str | None = None
     eagle_head: str | None = None
+    lookup_first: bool = False
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
@@ -59,14 +62,15 @@ class SpeculativeConfig(BaseModel):
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
                        adaptive: bool = True) -> "SpeculativeConfig":
-        """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (the committed
-        EAGLE head of the model), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
+        """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
+        where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head
+        alone), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
         draft = (draft or "none").strip()
         kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in ("default", "eagle"):
-            return cls(method="eagle", **kw)
+            return cls(method="eagle", lookup_first=draft == "default", **kw)
         if draft.startswith("eagle:"):
             path = draft.partition(":")[2].strip()
             if not path:

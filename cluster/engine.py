@@ -69,6 +69,7 @@ class LLMEngine:
         # per step, per sequence: how deep to draft (0 = plain decoding), from measured costs
         self.spec_policy = ((spec_policy or SpecPolicy(len(spec.expansion)))
                             if self.proposer is not None and spec.adaptive else None)
+        self._sources: dict[tuple[int, int], str | None] = {}  # (seq_id, num_tokens) -> draft source
         self._hold_drafts = False  # this step, the policy's sequences draft nothing (a prefill is pending)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
@@ -123,6 +124,7 @@ class LLMEngine:
         if self._overlap is not None:  # drafts of one micro-batch overlap verification of another
             return self._overlap.step()
         if self.spec_policy is not None:
+            self._sources = {}
             self.spec_policy.begin_step()
             self._hold_drafts = self._drafts_would_shrink_prefill()
         sched = self.scheduler.schedule(self._spec_budget)
@@ -188,9 +190,21 @@ class LLMEngine:
     def _spec_budget(self, seq: Sequence) -> int:
         policy = self.spec_policy
         free = policy is not None and seq.params.spec_tokens is None
-        if free and (self._hold_drafts or not policy.reserve(seq.seq_id)):
+        if free and (self._hold_drafts or not policy.reserve(seq.seq_id, self._draft_source(seq))):
             return 0
         return expansion_num_nodes(self._expansion_for(seq, None))
+
+    def _draft_source(self, seq: Sequence) -> str | None:
+        """The proposer's kind of draft for ``seq`` now (its estimates are kept per kind), once per
+        step and sequence: scheduling and depth choice see the same tokens."""
+        key = (seq.seq_id, seq.num_tokens)
+        if key not in self._sources:
+            classify = getattr(self.proposer, "draft_source", None)
+            try:
+                self._sources[key] = "" if classify is None else classify(seq.token_ids)
+            except Exception:  # a failing proposer is handled (plain decoding) where it proposes
+                self._sources[key] = ""
+        return self._sources[key]
 
     def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
         if self.proposer is None:
@@ -226,7 +240,8 @@ class LLMEngine:
 
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
-        slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None) for s, exp in cands]
+        slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
+                            source=self._draft_source(s.seq)) for s, exp in cands]
         depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
                                          base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]

@@ -56,7 +56,9 @@ def test_committed_default_head_is_small_and_matches_the_default_model(default_m
 
 
 def test_draft_arg_parsing():
-    assert SpeculativeConfig.from_draft_arg("default").method == "eagle"
+    default, alone = SpeculativeConfig.from_draft_arg("default"), SpeculativeConfig.from_draft_arg("eagle")
+    assert (default.method, default.lookup_first) == ("eagle", True)
+    assert (alone.method, alone.lookup_first) == ("eagle", False)
     spec = SpeculativeConfig.from_draft_arg("eagle:/x/head.safetensors")
     assert (spec.method, spec.eagle_head) == ("eagle", "/x/head.safetensors")
     with pytest.raises(ValueError, match="eagle:PATH"):
@@ -107,17 +109,21 @@ def random_default_head(default_model, tmp_path_factory):
 
 @pytest.mark.model
 @pytest.mark.parametrize("concurrency", [1, 4])
-@pytest.mark.parametrize("which", ["committed", "random"])
+@pytest.mark.parametrize("which", ["default", "random"])
 def test_greedy_eagle_is_lossless(which, concurrency, default_model, chat_prompts, greedy_baseline,
                                   random_default_head):
-    draft = "default" if which == "committed" else f"eagle:{random_default_head}"
+    """``default``: lookup first, the committed head elsewhere; ``random``: an untrained head alone."""
+    draft = "default" if which == "default" else f"eagle:{random_default_head}"
     eng = LLMEngine(_cfg(draft), loaded=default_model)
     outs = eng.generate(chat_prompts, SamplingParams(max_tokens=MAX_TOKENS), chat=True, concurrency=concurrency)
     assert [o.token_ids for o in outs] == greedy_baseline
     assert sum(o.num_drafts for o in outs) > 0
-    if which == "committed":  # a trained head gets drafts accepted (a random one: almost never)
+    head = eng.proposer
+    if which == "default":  # both proposers drafted; a trained head gets drafts accepted (a random one: almost never)
+        assert eng.proposer.num_first > 0 and eng.proposer.num_second > 0
         assert sum(o.num_accepted_tokens for o in outs) / sum(o.num_drafts for o in outs) > 0.1
-    assert not eng.proposer.states, "finished sequences left head state behind"
+        head = eng.proposer.second
+    assert not head.states, "finished sequences left head state behind"
 
 
 def _next_probs(verifier, ids: list[int], top_k: int) -> torch.Tensor:
@@ -136,7 +142,7 @@ def test_sampled_eagle_matches_the_target_distribution(default_model):
     verifying a chain of two drafts sampled from the head; their joint law must be the target's."""
     from actors.verifier import Verifier
 
-    eng = LLMEngine(_cfg("default", k=2), loaded=default_model)
+    eng = LLMEngine(_cfg("eagle", k=2), loaded=default_model)
     ids = eng.prompts.encode("A list of the three primary colors:\n1.")  # short: cheap prefills
     n = 300
     params = [SamplingParams(max_tokens=4, temperature=1.0, top_k=2, seed=i, ignore_eos=True) for i in range(n)]
@@ -200,18 +206,23 @@ def _teacher_forced_first_drafts(head: EagleHead, model, ids: list[int]) -> list
 
 
 @torch.inference_mode()
-def test_online_drafts_equal_the_teacher_forced_predictions(tiny_target_dir, tiny_prompts, tmp_path):
+@pytest.mark.parametrize("lookup_first", [False, True])
+def test_online_drafts_equal_the_teacher_forced_predictions(lookup_first, tiny_target_dir, tiny_prompts,
+                                                            tiny_baseline, tmp_path):
     """The proposer's incremental cache (catch-up of prefill chunks and accepted paths) must give the
     same first draft at every step as the head run once over the whole finished sequence: what the
-    offline held-out figures measure is then what serving gets."""
+    offline held-out figures measure is then what serving gets. With ``lookup_first`` the head is
+    skipped on the steps lookup drafts, and must still catch up exactly."""
     from actors.model.loader import load_model
     from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
     model = load_model(tiny_target_dir).model
     path = random_head(model, 128, tmp_path / "tiny.safetensors", seed=1)
-    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=3, max_num_batched_tokens=16)
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=3, max_num_batched_tokens=16,
+                      lookup_first=lookup_first)
+    head_proposer = eng.proposer.second if lookup_first else eng.proposer
     drafts: dict[int, list[tuple[int, int]]] = {}  # seq_id -> (root position, depth-1 draft)
-    propose = eng.proposer.propose
+    propose = head_proposer.propose
 
     def recording(reqs):
         trees = propose(reqs)
@@ -220,14 +231,17 @@ def test_online_drafts_equal_the_teacher_forced_predictions(tiny_target_dir, tin
                 drafts.setdefault(r.seq_id, []).append((r.root_position, t.tokens[1]))
         return trees
 
-    eng.proposer.propose = recording
+    head_proposer.propose = recording
     params = SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True)
     seqs = [eng.add_request(f"r{i}", p, params) for i, p in enumerate(tiny_prompts[:4])]
     while eng.has_unfinished():
         eng.step()
+    assert [s.output_ids for s in seqs] == tiny_baseline[:4]
+    if lookup_first:
+        assert eng.proposer.num_first >= 4 and eng.proposer.num_second >= 4 * 5, "both must have drafted"
     same = shifted = total = 0
     for seq in seqs:
-        ref = _teacher_forced_first_drafts(eng.proposer.head, model, seq.token_ids)
+        ref = _teacher_forced_first_drafts(head_proposer.head, model, seq.token_ids)
         for root, tok in drafts[seq.seq_id]:
             total += 1
             same += tok == ref[root - 1]

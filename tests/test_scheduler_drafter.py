@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from actors.drafter import DraftRequest, MergedProposer, NgramProposer
+from actors.drafter import DraftRequest, FallbackProposer, MergedProposer, NgramProposer
 from actors.kv_service import KVService
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler
 from actors.sequence import Sequence
+from actors.tree import TokenTree
 
 
 def _seqs(n, length=10):
@@ -82,6 +83,47 @@ def test_merged_proposer_respects_node_budget():
     merged = MergedProposer([NgramProposer(1, 3), NgramProposer(1, 1)])
     tree = merged.propose([_req(toks, [2, 1, 1], max_nodes=4)])[0]
     assert tree.size - 1 <= 4 and tree.tokens[0] == 3
+
+
+def test_ngram_draft_source_is_the_longest_match():
+    ngram = NgramProposer(1, 4)
+    assert ngram.draft_source([1, 2, 3, 4, 5, 9, 1, 2, 3]) == "ngram3"
+    assert ngram.draft_source([5, 1, 2, 3, 4, 9, 1, 2, 3, 4]) == "ngram4"  # capped at n_max
+    assert NgramProposer(2, 4).draft_source([1, 2, 3, 4, 5, 1]) is None  # only a 1-token match: no draft
+    assert ngram.draft_source([7]) is None
+
+
+class _Fixed:
+    """A proposer that always drafts ``token`` once (stands in for a model proposer)."""
+
+    name = "model"
+
+    def __init__(self, token: int):
+        self.token, self.calls, self.released = token, [], []
+
+    def propose(self, reqs):
+        self.calls.append([r.seq_id for r in reqs])
+        return [TokenTree.chain(r.token_ids[-1], [self.token]) for r in reqs]
+
+    def draft_source(self, token_ids):
+        return self.name
+
+    def release(self, seq_id):
+        self.released.append(seq_id)
+
+
+def test_fallback_drafts_by_lookup_where_it_matches_and_by_the_model_elsewhere():
+    model = _Fixed(42)
+    fb = FallbackProposer(NgramProposer(2, 4), model)
+    repeat = DraftRequest(1, [1, 2, 3, 9, 1, 2], [1, 1], 2, SamplingParams(), None, [])
+    fresh = DraftRequest(2, [1, 2, 3, 4, 5, 6], [1, 1], 2, SamplingParams(), None, [])
+    trees = fb.propose([repeat, fresh])
+    assert trees[0].tokens == [2, 3, 9] and trees[1].tokens == [6, 42]
+    assert model.calls == [[2]], "the model drafts only where lookup has nothing"
+    assert (fb.num_first, fb.num_second) == (1, 1)
+    assert fb.draft_source(repeat.token_ids) == "ngram2" and fb.draft_source(fresh.token_ids) == "model"
+    fb.release(2)
+    assert model.released == [2]
 
 
 def test_ngram_rejects_bad_sizes():

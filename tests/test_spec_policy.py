@@ -205,6 +205,42 @@ def test_policy_recovers_when_load_drops():
     assert all(d == [5] for d in late[40:])
 
 
+def test_estimates_are_kept_per_draft_source():
+    """One sequence whose drafts come from a good source (accepted 90%) on some steps and a poor
+    one (2%) on others: the policy drafts fully from the first and not at all from the second;
+    with one blended estimate it would do the same depth for both."""
+    policy, rng = SpecPolicy(max_depth=5, explore_every=1000), random.Random(4)
+    verify = lambda n: 0.03 + 0.006 * n  # noqa: E731  a draft token costs 17% of a plain step
+    chosen = {"good": [], "poor": []}
+    for step in range(400):
+        source = "good" if step % 2 else "poor"
+        policy.begin_step()
+        assert policy.reserve(0, source) or chosen[source][-1:] == [0]
+        depth = policy.choose([DecodeSlot(0, 5, source=source)], base_tokens=1)[0]
+        rate = 0.9 if source == "good" else 0.02
+        n = 0
+        while n < depth and rng.random() < rate:
+            n += 1
+        if depth:
+            policy.record(0, depth, n)
+            policy.observe_draft(1, depth, 0.001 * depth)
+        policy.observe_verify(1 + depth, verify(1 + depth))
+        chosen[source].append(depth)
+    assert chosen["good"][-50:] == [5] * 50
+    assert chosen["poor"][-50:] == [0] * 50
+    assert policy.estimator("good").rates(0)[0] > 0.8 > 0.2 > policy.estimator("poor").rates(0)[0]
+    assert not policy.reserve(0, "poor") and policy.reserve(0, "good")
+
+
+def test_no_draft_source_means_no_draft_and_no_reservation():
+    policy = SpecPolicy(max_depth=5)
+    policy.observe_verify(1, 0.01)
+    policy.observe_verify(6, 0.011)
+    assert not policy.reserve(7, None)
+    assert policy.choose([DecodeSlot(7, 5, source=None), DecodeSlot(8, 5)], base_tokens=2) == [0, 5]
+    assert policy.reserve(7, "") and policy.reserve(7, "other"), "no draft now says nothing about later"
+
+
 def test_fixed_and_disabled_slots_are_left_alone():
     policy = SpecPolicy(max_depth=5)
     for _ in range(3):
@@ -232,7 +268,7 @@ def test_engine_with_adaptive_policy_is_lossless_and_respects_fixed_requests(tin
     outs = eng.generate(tiny_prompts, params, concurrency=4)
     assert [o.token_ids for o in outs] == tiny_baseline
     assert eng.spec_policy.verify_cost.measured and eng.spec_policy.num_steps > 0
-    assert eng.spec_policy.acceptance.per_seq == {}  # released at finish
+    assert all(not est.per_seq for est in eng.spec_policy.acceptance.values())  # released at finish
     fixed = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True, spec_tokens=0))
     assert [o.token_ids for o in fixed] == tiny_baseline[:2]
     assert all(o.num_drafts == 0 for o in fixed)

@@ -11,7 +11,8 @@ tokens per second of the whole batch:
   counts per position as the prior, each sequence's own counts on top). Estimates are kept per
   draft source (``Proposer.draft_source``: n-gram lookup after a 4-token match, after a 2-token
   one, the EAGLE head, ...): one blended rate would draft too little where lookup matches and
-  too much where only a weak model drafts. A source of None drafts nothing: depth 0.
+  too much where only a weak model drafts. A source of None drafts nothing: depth 0; a source
+  never verified yet drafts its full depth once, which measures it.
 - ``t_verify(N)``: measured seconds of decode-only target forwards (+ verification) of N tokens,
   ``t_draft``: measured seconds of one draft round for B sequences (``CostTable``: EWMAs per size,
   interpolated, extrapolated with the last measured slope).
@@ -301,6 +302,9 @@ class SpecPolicy:
             self.verify_model(num_seqs), self.draft_cost, base_yield=len(slots) if base_yield is None else base_yield)
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
+        for i in free:  # a source never verified yet drafts its full depth once: that measures it
+            if not self.estimator(slots[i].source).glob.offered:
+                depths[i] = slots[i].max_depth
         if self.num_steps % self.explore_every == 0:
             i = free[(self.num_steps // self.explore_every) % len(free)]
             depths[i] = slots[i].max_depth

@@ -232,6 +232,18 @@ def test_estimates_are_kept_per_draft_source():
     assert not policy.reserve(0, "poor") and policy.reserve(0, "good")
 
 
+def test_a_new_source_is_measured_once_even_when_drafts_look_too_costly():
+    policy = SpecPolicy(max_depth=5, explore_every=1000)
+    for _ in range(3):  # compute-bound: every token costs as much as a sequence
+        policy.observe_verify(1, 0.01)
+        policy.observe_verify(6, 0.06)
+    policy.begin_step()
+    assert policy.choose([DecodeSlot(1, 5, source="new")], base_tokens=1) == [5]
+    policy.record(1, 5, 0)
+    policy.begin_step()
+    assert policy.choose([DecodeSlot(1, 5, source="new")], base_tokens=1) == [0]
+
+
 def test_no_draft_source_means_no_draft_and_no_reservation():
     policy = SpecPolicy(max_depth=5)
     policy.observe_verify(1, 0.01)

@@ -136,7 +136,7 @@ class FallbackProposer(Proposer):
     def __init__(self, first: Proposer, second: Proposer):
         self.first, self.second = first, second
         self.needs_hidden = getattr(first, "needs_hidden", False) or getattr(second, "needs_hidden", False)
-        self.num_first = self.num_second = 0  # requests drafted by each (for benchmarks and tests)
+        self.num_first = self.num_second = 0  # requests drafted by each (read by tests)
 
     def draft_source(self, token_ids: list[int]) -> str | None:
         src = self.first.draft_source(token_ids)

@@ -249,7 +249,6 @@ class SpecPolicy:
         self.num_steps = 0
         self.last_goodput: float | None = None
         self.last_depth: dict[int, dict[str, int]] = {}  # seq_id -> source -> depth last chosen
-        self.last_source: dict[int, str] = {}  # the source each sequence was last offered a draft from
 
     def estimator(self, source: str) -> AcceptanceEstimator:
         est = self.acceptance.get(source)
@@ -314,12 +313,11 @@ class SpecPolicy:
         for s, d in zip(slots, depths):
             if s.source is not None:
                 self.last_depth.setdefault(s.seq_id, {})[s.source] = d
-                self.last_source[s.seq_id] = s.source
         return depths
 
-    def record(self, seq_id: int, depth: int, num_accepted: int) -> None:
-        """The verified draft of ``seq_id`` this step (counted for the source chosen from)."""
-        self.estimator(self.last_source.get(seq_id, "")).record(seq_id, depth, num_accepted)
+    def record(self, seq_id: int, depth: int, num_accepted: int, source: str = "") -> None:
+        """The verified draft of ``seq_id`` this step, drafted from ``source``."""
+        self.estimator(source).record(seq_id, depth, num_accepted)
 
     def observe_verify(self, num_tokens: int, seconds: float, num_seqs: int | None = None) -> None:
         self.verify_cost.observe(num_tokens, seconds)
@@ -334,4 +332,3 @@ class SpecPolicy:
         for est in self.acceptance.values():
             est.release(seq_id)
         self.last_depth.pop(seq_id, None)
-        self.last_source.pop(seq_id, None)

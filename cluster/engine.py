@@ -294,7 +294,7 @@ class LLMEngine:
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
             if self.spec_policy is not None and tree.size > 1:
-                self.spec_policy.record(seq.seq_id, tree.max_depth, len(res.accepted_nodes))
+                self.spec_policy.record(seq.seq_id, tree.max_depth, len(res.accepted_nodes), self._draft_source(seq))
             self._append(seq, res.accepted_tokens + [res.next_token])
             if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
                 record_logprobs(seq, logits, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)

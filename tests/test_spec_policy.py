@@ -222,7 +222,7 @@ def test_estimates_are_kept_per_draft_source():
         while n < depth and rng.random() < rate:
             n += 1
         if depth:
-            policy.record(0, depth, n)
+            policy.record(0, depth, n, source)
             policy.observe_draft(1, depth, 0.001 * depth)
         policy.observe_verify(1 + depth, verify(1 + depth))
         chosen[source].append(depth)
@@ -239,7 +239,7 @@ def test_a_new_source_is_measured_once_even_when_drafts_look_too_costly():
         policy.observe_verify(6, 0.06)
     policy.begin_step()
     assert policy.choose([DecodeSlot(1, 5, source="new")], base_tokens=1) == [5]
-    policy.record(1, 5, 0)
+    policy.record(1, 5, 0, "new")
     policy.begin_step()
     assert policy.choose([DecodeSlot(1, 5, source="new")], base_tokens=1) == [0]
 

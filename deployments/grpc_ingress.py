@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from deployments.openai_server import OpenAIServer
 
-SERVICER = "deployments.protos.specray_pb2_grpc.add_GenerationServicer_to_server"
+SERVICER = "deployments.grpc_cancel.add_generation_servicer"
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.INVALID_ARGUMENT,
                422: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,

@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_linear import linear
+
 
 @dataclass(frozen=True)
 class TPContext:
@@ -247,7 +249,7 @@ class ColumnParallelLinear(nn.Module):
         _copy_into(param.data, narrow_src(src, 0, self.tp.rank * n, n), "column-parallel shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [N, in] -> [N, out / tp]
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -323,8 +325,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [N, in / tp] -> [N, out]
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+            return linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y.add_(self.bias)
 
 
@@ -363,7 +365,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor, gather: str = "all") -> torch.Tensor | None:
         """hidden [M, H] -> logits [M, vocab] float32 (None off rank 0 when gather == 'rank0')."""
-        local = F.linear(hidden, self.weight)
+        local = linear(hidden, self.weight)
         if self.tp.size > 1:
             local = self.tp.all_gather_last(local) if gather == "all" else self.tp.gather_last_to_rank0(local)
             if local is None:

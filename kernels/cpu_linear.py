@@ -26,8 +26,7 @@ PLAN: dict[int, tuple[int, ...]] = {1: (2,), 2: (2,), 3: (4,), 4: (4,), 5: (5,),
 MAX_ROWS = max(PLAN)  # above this F.linear is as fast or faster
 
 
-def enabled() -> bool:
-    return os.environ.get("SPECRAY_CPU_LINEAR", "columns") != "torch"
+ENABLED = os.environ.get("SPECRAY_CPU_LINEAR", "columns") != "torch"  # read once: checked per product
 
 
 def pieces(rows: int) -> list[tuple[int, int, int]]:
@@ -42,8 +41,8 @@ def pieces(rows: int) -> list[tuple[int, int, int]]:
 
 def uses_columns(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear`` takes the column form for this input."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and enabled())
+    return (ENABLED and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype is torch.float32
+            and weight.dtype is torch.float32 and not x.is_cuda and x.device.type == "cpu")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,8 +14,9 @@ tokens per second of the whole batch:
   too much where only a weak model drafts. A source of None drafts nothing: depth 0; a source
   never verified yet drafts its full depth once, which measures it.
 - ``t_verify(N)``: measured seconds of decode-only target forwards (+ verification) of N tokens,
-  ``t_draft``: measured seconds of one draft round for B sequences (``CostTable``: EWMAs per size,
-  interpolated, extrapolated with the last measured slope).
+  ``t_draft``: measured seconds of one draft round for B sequences, per draft source where a step
+  drafts from one (``CostTable``: EWMAs per size, interpolated, extrapolated with the last
+  measured slope).
 - For a fixed depth cap D the draft cost is fixed and verify cost is about linear in the extra
   tokens, so the best k_s take every position whose marginal gain prod r exceeds goodput x
   (marginal verify seconds per token): a fractional (Dinkelbach) iteration, a few rounds over a
@@ -245,7 +246,11 @@ class SpecPolicy:
         # per number of sequences in the step: a draft token costs less than another sequence's
         # token (no attention over another context), so tokens alone mix unlike forwards
         self.verify_cost_by_seqs: dict[int, CostTable] = {}
-        self.draft_cost = CostTable()
+        self.draft_cost = CostTable()  # all draft rounds
+        # per draft source, from steps where every drafting sequence used it: lookup costs next to
+        # nothing, a draft model or head a forward per round; one blended table over- and under-
+        # charges them by turns
+        self.draft_cost_by_source: dict[str, CostTable] = {}
         self.num_steps = 0
         self.last_goodput: float | None = None
         self.last_depth: dict[int, dict[str, int]] = {}  # seq_id -> source -> depth last chosen
@@ -298,7 +303,7 @@ class SpecPolicy:
         fixed_extra = sum(d for d in depths)
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
-            self.verify_model(num_seqs), self.draft_cost, base_yield=len(slots) if base_yield is None else base_yield)
+            self.verify_model(num_seqs), self.draft_model(set(priors)), base_yield=len(slots) if base_yield is None else base_yield)
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         for i in free:  # a source never verified yet drafts its full depth once: that measures it
@@ -324,9 +329,19 @@ class SpecPolicy:
         if num_seqs is not None and num_seqs > 0:
             self.verify_cost_by_seqs.setdefault(size_bucket(num_seqs), CostTable()).observe(num_tokens, seconds)
 
-    def observe_draft(self, num_seqs: int, depth: int, seconds: float) -> None:
+    def observe_draft(self, num_seqs: int, depth: int, seconds: float, source: str | None = None) -> None:
+        """One draft round's seconds; ``source``: the draft source of every drafting sequence, when
+        they all shared one."""
         if depth > 0 and num_seqs > 0:
             self.draft_cost.observe(num_seqs, seconds / depth)
+            if source is not None:
+                self.draft_cost_by_source.setdefault(source, CostTable()).observe(num_seqs, seconds / depth)
+
+    def draft_model(self, sources: set) -> CostTable:
+        """The draft-cost table for a step drafting from ``sources``: that source's own once measured
+        when there is one source, else all rounds'."""
+        table = self.draft_cost_by_source.get(next(iter(sources))) if len(sources) == 1 else None
+        return table if table is not None and table.measured else self.draft_cost
 
     def release(self, seq_id: int) -> None:
         for est in self.acceptance.values():

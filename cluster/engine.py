@@ -135,6 +135,7 @@ class LLMEngine:
         t0 = _now()
         trees = self._propose(sched.scheduled)
         t1 = _now()
+        draft_sources = {self._draft_source(s.seq) for s in sched.scheduled if s.seq.seq_id in trees}
         chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
         hidden = None
         try:
@@ -160,7 +161,8 @@ class LLMEngine:
             if all(s.is_decode for s in sched.scheduled):
                 self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1, len(chunks))
             if trees:
-                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0)
+                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0,
+                                               next(iter(draft_sources)) if len(draft_sources) == 1 else None)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
 

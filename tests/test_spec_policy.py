@@ -232,6 +232,31 @@ def test_estimates_are_kept_per_draft_source():
     assert not policy.reserve(0, "poor") and policy.reserve(0, "good")
 
 
+def test_draft_costs_are_kept_per_draft_source():
+    """Lookup drafts for free, a head costs a third of a plain step per round; both are accepted at
+    the same rate. With the costs apart the policy drafts deeper from lookup than from the head;
+    the blended table (what a step drafting from both sees) sits between them."""
+    policy = SpecPolicy(max_depth=5, explore_every=1000)
+    for n in range(1, 7):
+        policy.observe_verify(n, 0.03 + 0.002 * (n - 1))
+    for depth in (1, 3, 5):
+        for source in ("lookup", "head"):
+            policy.record(0, depth, depth * 6 // 10, source)
+    for _ in range(10):
+        policy.observe_draft(1, 4, 4 * 0.00001, "lookup")
+        policy.observe_draft(1, 4, 4 * 0.01, "head")
+    assert policy.draft_model({"lookup"})(1) < 0.0001 and policy.draft_model({"head"})(1) == pytest.approx(0.01)
+    assert policy.draft_model({"lookup"})(1) < policy.draft_model({"lookup", "head"})(1) < 0.01
+    assert policy.draft_model({"never-measured"}) is policy.draft_cost
+    policy.begin_step()  # step 1: not an exploration step
+    deep = policy.choose([DecodeSlot(1, 5, source="lookup")], base_tokens=1)[0]
+    shallow = policy.choose([DecodeSlot(1, 5, source="head")], base_tokens=1)[0]
+    assert shallow < deep
+    policy.draft_cost_by_source.clear()  # one blended table: the same depth from both
+    assert (policy.choose([DecodeSlot(1, 5, source="lookup")], base_tokens=1)
+            == policy.choose([DecodeSlot(1, 5, source="head")], base_tokens=1))
+
+
 def test_a_new_source_is_measured_once_even_when_drafts_look_too_costly():
     policy = SpecPolicy(max_depth=5, explore_every=1000)
     for _ in range(3):  # compute-bound: every token costs as much as a sequence

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.model.layers import RotaryEmbedding, apply_rotary
+from kernels.cpu_linear import linear
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_HEADS = {"smollm2-135m": WEIGHTS_DIR / "smollm2-135m.safetensors"}  # model alias -> committed head
@@ -52,6 +53,11 @@ class HeadConfig:
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, w.shape, w, eps)
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)``, through the CPU few-row products when drafting (training batches keep F.linear)."""
+    return linear(x, layer.weight, layer.bias)
 
 
 class EagleHead(nn.Module):
@@ -102,13 +108,13 @@ class EagleHead(nn.Module):
     def entry(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """tokens [...] int64 (x_{t+1}), feats [..., H] (f_t or a predicted f̂) -> residual input [..., H]."""
         emb = F.embedding(tokens, self.embed).to(feats.dtype)
-        return self.fc(torch.cat((emb, feats), dim=-1))
+        return _linear(self.fc, torch.cat((emb, feats), dim=-1))
 
     def qkv_rope(self, h: torch.Tensor, positions: torch.Tensor):
         """h [N, H], positions [N] -> q [N, nh, d], k [N, nkv, d], v [N, nkv, d] (RoPE applied)."""
         c = self.cfg
         n, nh, nkv, d = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = self.qkv(_rms(h, self.input_norm, c.rms_norm_eps))
+        qkv = _linear(self.qkv, _rms(h, self.input_norm, c.rms_norm_eps))
         cos, sin = self.rotary.cos_sin(positions)
         qk = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), cos.to(h.dtype), sin.to(h.dtype))
         q, k = qk.split((nh, nkv), dim=1)
@@ -117,14 +123,14 @@ class EagleHead(nn.Module):
     def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """h [N, H] residual input, attn [N, nh * d] -> predicted next feature f̂ [N, H]."""
         eps = self.cfg.rms_norm_eps
-        h = h + self.o(attn)
-        gate, up = self.gate_up(_rms(h, self.post_norm, eps)).chunk(2, dim=-1)
-        h = h + self.down(F.silu(gate) * up)
+        h = h + _linear(self.o, attn)
+        gate, up = _linear(self.gate_up, _rms(h, self.post_norm, eps)).chunk(2, dim=-1)
+        h = h + _linear(self.down, F.silu(gate) * up)
         return _rms(h, self.out_norm, eps)
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [..., H] -> logits over the draft vocabulary [..., Vd]."""
-        return F.linear(feats.to(self.lm_rows.dtype), self.lm_rows)
+        return linear(feats.to(self.lm_rows.dtype), self.lm_rows)
 
     # ---- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, info: dict | None = None) -> None:

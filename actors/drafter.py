@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree, merge_trees, truncate_tree
@@ -85,14 +84,19 @@ class NgramProposer(Proposer):
 
     def _longest_match(self, tokens: np.ndarray) -> tuple[int, np.ndarray]:
         """(n, starts): the longest suffix length in n_min..n_max that occurred earlier with a
-        continuation, and where (ascending); (0, []) when none did."""
-        n_tok = len(tokens)
-        for n in range(min(self.n_max, n_tok - 1), self.n_min - 1, -1):
-            windows = sliding_window_view(tokens[:-1], n)  # [n_tok - n, n]: earlier n-grams
-            starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            if len(starts):  # each earlier match ends before the last token: it has a continuation
-                return n, starts
-        return 0, np.zeros(0, dtype=np.int64)
+        continuation, and where (ascending); (0, []) when none did. One pass over the history finds
+        where the last token occurred before; longer suffixes only filter those places."""
+        ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # earlier places of the last token
+        found, found_ends = 0, ends[:0]
+        for n in range(1, min(self.n_max, len(tokens) - 1) + 1):
+            if n > 1:
+                ends = ends[ends >= n - 1]
+                ends = ends[tokens[ends - (n - 1)] == tokens[-n]]
+            if not len(ends):
+                break
+            if n >= self.n_min:
+                found, found_ends = n, ends
+        return found, found_ends - (found - 1) if found else found_ends
 
     def _continuations(self, tokens: np.ndarray, depth: int, width: int) -> list[list[int]]:
         n, starts = self._longest_match(tokens)

@@ -126,6 +126,30 @@ def test_fallback_drafts_by_lookup_where_it_matches_and_by_the_model_elsewhere()
     assert model.released == [2]
 
 
+def _brute_force_match(tokens: list[int], n_min: int, n_max: int) -> tuple[int, list[int]]:
+    """Every earlier window of every size, longest first: the definition _longest_match speeds up."""
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == tokens[-n:]]
+        if starts:
+            return n, starts
+    return 0, []
+
+
+def test_ngram_longest_match_equals_the_brute_force_definition():
+    import random
+
+    import numpy as np
+
+    rng = random.Random(0)
+    for _ in range(1500):
+        n_min = rng.randint(1, 3)
+        n_max = rng.randint(n_min, 5)
+        vocab = rng.choice([2, 3, 5, 50])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
+        n, starts = NgramProposer(n_min, n_max)._longest_match(np.asarray(tokens, dtype=np.int64))
+        assert (n, starts.tolist()) == _brute_force_match(tokens, n_min, n_max), (tokens, n_min, n_max)
+
+
 def test_ngram_rejects_bad_sizes():
     with pytest.raises(ValueError, match="n_min=3, n_max=2"):
         NgramProposer(3, 2)

@@ -43,7 +43,8 @@ def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
 
 
 def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
-                  base_yield: float | None = None, iterations: int = 6) -> tuple[np.ndarray, float]:
+                  base_yield: float | None = None, iterations: int = 6,
+                  min_gain: float = 0.0) -> tuple[np.ndarray, float]:
     """Depth per sequence maximising expected tokens per second of one step.
 
     gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
@@ -51,12 +52,15 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     base_tokens: tokens the forward carries anyway (roots + prefill chunks); base_yield: tokens the
     step yields without drafts (one per decoding sequence, also those not offered here; default B);
     verify_s(n) -> seconds for a forward of n tokens; draft_round_s(b) -> seconds of one draft
-    round over b sequences. Returns (depths [B] int, goodput in tokens/s)."""
+    round over b sequences; min_gain: drafts must beat plain decoding's goodput by this fraction
+    (estimates are noisy: a predicted 1% gain is as likely a loss). Returns (depths [B] int,
+    goodput in tokens/s)."""
     B, K = gains.shape
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
-    best_depths, best_rate = np.zeros(B, dtype=np.int64), y0 / max(verify_s(base_tokens), 1e-9)
+    plain_rate = y0 / max(verify_s(base_tokens), 1e-9)
+    best_depths, best_rate = np.zeros(B, dtype=np.int64), plain_rate * (1 + min_gain)
     for cap in range(1, int(max_depths.max(initial=0)) + 1):
         mask = allowed & (cols <= cap)
         take = mask.copy()
@@ -81,7 +85,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
             rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if rate > best_rate * (1 + 1e-6):
                 best_depths, best_rate = depths.astype(np.int64), rate
-    return best_depths, best_rate
+    return best_depths, best_rate if best_depths.any() else plain_rate
 
 
 # ---- estimates -----------------------------------------------------------------------------
@@ -237,8 +241,9 @@ class DecodeSlot:
 
 
 class SpecPolicy:
-    def __init__(self, max_depth: int, explore_every: int = 32, prior_rate: float = 0.5):
+    def __init__(self, max_depth: int, explore_every: int = 32, prior_rate: float = 0.5, min_gain: float = 0.02):
         self.max_depth = max_depth
+        self.min_gain = min_gain  # drafts must be predicted to beat plain decoding by this fraction
         self.explore_every = explore_every
         self.prior_rate = prior_rate
         self.acceptance: dict[str, AcceptanceEstimator] = {}  # per draft source
@@ -303,7 +308,8 @@ class SpecPolicy:
         fixed_extra = sum(d for d in depths)
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
-            self.verify_model(num_seqs), self.draft_model(set(priors)), base_yield=len(slots) if base_yield is None else base_yield)
+            self.verify_model(num_seqs), self.draft_model(set(priors)), min_gain=self.min_gain,
+            base_yield=len(slots) if base_yield is None else base_yield)
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         for i in free:  # a source never verified yet drafts its full depth once: that measures it

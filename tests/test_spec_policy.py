@@ -69,6 +69,21 @@ def test_expensive_draft_shortens_or_stops_the_chain():
     assert cheap[0] == 5 and 0 < mid[0] < 5 and dear[0] == 0
 
 
+def test_a_marginal_gain_is_not_taken():
+    """16 sequences, one of which has a draft worth 0.9 tokens for 5.5% more step time: a predicted
+    gain of ~0.2%, well inside the noise of the estimates. Plain decoding unless the margin is 0."""
+    gains = np.zeros((16, 1))
+    gains[0, 0] = 0.9
+    verify = lambda n: 0.085 * (1 + 0.055 * (n - 16))  # noqa: E731
+    cautious, rate = choose_depths(gains, np.ones(16, dtype=np.int64), 16, verify, lambda b: 0.0, min_gain=0.02)
+    eager, _ = choose_depths(gains, np.ones(16, dtype=np.int64), 16, verify, lambda b: 0.0)
+    assert cautious.tolist() == [0] * 16 and rate == pytest.approx(16 / 0.085)
+    assert eager[0] == 1
+    cheap = lambda n: 0.085 * (1 + 0.01 * (n - 16))  # noqa: E731  a draft token costs 1% of the step
+    taken, _ = choose_depths(gains, np.ones(16, dtype=np.int64), 16, cheap, lambda b: 0.0, min_gain=0.02)
+    assert taken.tolist() == [1] + [0] * 15  # 5.6% more tokens for 1% more time
+
+
 def test_acceptance_estimates_converge_to_true_conditional_rates():
     true = [0.8, 0.5, 0.2]
     est = AcceptanceEstimator(3, global_decay=1.0)

@@ -1,14 +1,19 @@
 """Load a Llama-family model from an alias, a local HF directory or a local GGUF file.
 
 A GGUF file is converted ONCE (transformers dequantizes it) into a cache directory
-``$SPECRAY_CACHE_DIR`` (default ``~/.cache/specray/models``) / ``<stem>-<size>-<mtime>``, written to a
-temporary directory and renamed into place, so concurrent writers are harmless and every later load
-(other processes, Ray actors) just reads safetensors. The cached directory is a plain HF model dir.
+``$SPECRAY_CACHE_DIR`` (default ``~/.cache/specray/models``) / ``<stem>-<size>-<content hash>``,
+written to a temporary directory and renamed into place, so concurrent writers are harmless and
+every later load (other processes, Ray actors) just reads safetensors. The key is the file's
+content, not its path or mtime: a reinstall of the same model package (a fresh virtual
+environment) finds the earlier conversion instead of writing another 0.5 GB copy, and a new
+conversion removes older ones of a file with the same name and size. The cached directory is a
+plain HF model dir.
 Weights are read through ``safe_open(...).get_slice``: each rank reads only its shards.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -83,10 +88,19 @@ def check_hf_dir(path: Path) -> None:
                          "safe_serialization=True or pass a .gguf file")
 
 
+def content_key(path: Path, chunk: int = 1 << 20) -> str:
+    """First 16 hex digits of the file's SHA-256 (~0.1 s for the default model's 98 MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def convert_gguf(gguf: Path) -> Path:
     """Cached HF directory of a GGUF file; converts it on first use (atomic rename, concurrent-safe)."""
-    st = gguf.stat()
-    target = cache_root() / f"{gguf.stem}-{st.st_size}-{int(st.st_mtime)}"
+    size = gguf.stat().st_size
+    target = cache_root() / f"{gguf.stem}-{size}-{content_key(gguf)}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +117,17 @@ def convert_gguf(gguf: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    prune_older_conversions(target, f"{gguf.stem}-{size}-")
     return target
+
+
+def prune_older_conversions(keep: Path, prefix: str) -> None:
+    """Remove other finished conversions named ``prefix*`` next to ``keep`` (earlier versions of a
+    file with this name and size, or the mtime-keyed entries of earlier releases). A process still
+    reading one keeps its open files; temporary directories of writers (``.``-names) are left alone."""
+    for old in keep.parent.glob(prefix + "*"):
+        if old != keep and old.is_dir() and (old / "config.json").is_file():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def export_gguf(gguf: Path, out_dir: Path) -> None:

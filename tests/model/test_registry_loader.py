@@ -53,8 +53,7 @@ def test_gguf_cache_hit_and_lost_race(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRAY_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    st = gguf.stat()
-    target = tmp_path / "cache" / f"m-{st.st_size}-{int(st.st_mtime)}"
+    target = tmp_path / "cache" / f"m-{gguf.stat().st_size}-{loader.content_key(gguf)}"
 
     def fake_export(src: Path, out: Path) -> None:  # a concurrent writer finishes first
         target.mkdir(parents=True)
@@ -67,3 +66,30 @@ def test_gguf_cache_hit_and_lost_race(tmp_path, monkeypatch):
     monkeypatch.setattr(loader, "export_gguf", lambda *a: pytest.fail("converted twice"))
     assert loader.convert_gguf(gguf) == target
     assert os.environ["SPECRAY_CACHE_DIR"] in str(loader.cache_root())
+
+
+def test_gguf_cache_is_keyed_by_content_and_replaces_older_conversions(tmp_path, monkeypatch):
+    """A reinstall (same bytes, new mtime) reuses the conversion; a changed file of the same name
+    and size is converted again and replaces the older conversion (and mtime-keyed leftovers)."""
+    monkeypatch.setenv("SPECRAY_CACHE_DIR", str(tmp_path / "cache"))
+    converted = []
+
+    def fake_export(src: Path, out: Path) -> None:
+        converted.append(src.read_bytes())
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loader, "export_gguf", fake_export)
+    legacy = tmp_path / "cache" / "m-4-1795260479"  # an earlier release's mtime-keyed entry
+    legacy.mkdir(parents=True)
+    (legacy / "config.json").write_text("{}")
+    writer_tmp = tmp_path / "cache" / ".m-4-x.tmp-abc"  # another process still converting
+    writer_tmp.mkdir()
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    first = loader.convert_gguf(gguf)
+    os.utime(gguf, (1, 1))  # reinstalled: same bytes, another mtime
+    assert loader.convert_gguf(gguf) == first and converted == [b"GGUF"]
+    gguf.write_bytes(b"GGUG")  # a new version, same size
+    second = loader.convert_gguf(gguf)
+    assert second != first and converted == [b"GGUF", b"GGUG"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([second.name, writer_tmp.name])

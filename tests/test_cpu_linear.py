@@ -46,3 +46,13 @@ def test_only_small_fp32_cpu_products_take_the_column_form(monkeypatch):
     assert not uses_columns(torch.randn(0, 8), w)
     monkeypatch.setattr(cpu_linear, "ENABLED", False)  # SPECRAY_CPU_LINEAR=torch at import
     assert not uses_columns(torch.randn(4, 8), w)
+
+
+def test_benchmark_command_prints_both_tables(capsys):
+    from benchmarks.cpu_linear import main, weight_shapes
+
+    assert weight_shapes(2, 8, 16, 8, 4, 32) == [(16, 8), (8, 8), (32, 8), (8, 16)] * 2 + [(32, 8)]
+    main(["--layers", "1", "--hidden", "8", "--intermediate", "16", "--q-size", "8", "--kv-size", "4",
+          "--vocab", "32", "--reps", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "| W @ x^T, 4 columns |" in out and f"| {cpu_linear.MAX_ROWS} |" in out

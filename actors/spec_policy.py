@@ -335,13 +335,13 @@ class SpecPolicy:
         if num_seqs is not None and num_seqs > 0:
             self.verify_cost_by_seqs.setdefault(size_bucket(num_seqs), CostTable()).observe(num_tokens, seconds)
 
-    def observe_draft(self, num_seqs: int, depth: int, seconds: float, source: str | None = None) -> None:
-        """One draft round's seconds; ``source``: the draft source of every drafting sequence, when
-        they all shared one."""
+    def observe_draft(self, num_seqs: int, depth: int, seconds: float, sources: set = frozenset()) -> None:
+        """One draft round's seconds; ``sources``: the draft sources of the drafting sequences (a
+        source's own table learns only from steps where it drafted alone)."""
         if depth > 0 and num_seqs > 0:
             self.draft_cost.observe(num_seqs, seconds / depth)
-            if source is not None:
-                self.draft_cost_by_source.setdefault(source, CostTable()).observe(num_seqs, seconds / depth)
+            if len(sources) == 1:
+                self.draft_cost_by_source.setdefault(next(iter(sources)), CostTable()).observe(num_seqs, seconds / depth)
 
     def draft_model(self, sources: set) -> CostTable:
         """The draft-cost table for a step drafting from ``sources``: that source's own once measured

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from time import perf_counter as _now
 
 import torch
 
@@ -135,7 +136,9 @@ class LLMEngine:
         t0 = _now()
         trees = self._propose(sched.scheduled)
         t1 = _now()
-        draft_sources = {self._draft_source(s.seq) for s in sched.scheduled if s.seq.seq_id in trees}
+        # the drafted sequences' sources, read before _apply appends tokens (the policy's cost tables)
+        drafted = ({self._draft_source(s.seq) for s in sched.scheduled if s.seq.seq_id in trees}
+                   if self.spec_policy is not None else set())
         chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
         hidden = None
         try:
@@ -161,8 +164,7 @@ class LLMEngine:
             if all(s.is_decode for s in sched.scheduled):
                 self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1, len(chunks))
             if trees:
-                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0,
-                                               next(iter(draft_sources)) if len(draft_sources) == 1 else None)
+                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0, drafted)
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
 
@@ -394,8 +396,3 @@ def _eos_ids(model_config, tokenizer) -> set[int]:
             ids.update(int(x) for x in v)
     return ids
 
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()

@@ -258,8 +258,9 @@ def test_draft_costs_are_kept_per_draft_source():
         for source in ("lookup", "head"):
             policy.record(0, depth, depth * 6 // 10, source)
     for _ in range(10):
-        policy.observe_draft(1, 4, 4 * 0.00001, "lookup")
-        policy.observe_draft(1, 4, 4 * 0.01, "head")
+        policy.observe_draft(1, 4, 4 * 0.00001, {"lookup"})
+        policy.observe_draft(1, 4, 4 * 0.01, {"head"})
+    policy.observe_draft(2, 4, 4 * 0.5, {"lookup", "head"})  # a mixed step teaches neither source's table
     assert policy.draft_model({"lookup"})(1) < 0.0001 and policy.draft_model({"head"})(1) == pytest.approx(0.01)
     assert policy.draft_model({"lookup"})(1) < policy.draft_model({"lookup", "head"})(1) < 0.01
     assert policy.draft_model({"never-measured"}) is policy.draft_cost
@@ -365,8 +366,12 @@ def test_prefill_comes_before_drafts(tiny_target_dir, tiny_prompts, tiny_baselin
     assert not eng._drafts_would_shrink_prefill()  # nothing waits any more
 
 
-def test_fixed_spec_config_has_no_policy(tiny_target_dir):
+def test_fixed_spec_config_has_no_policy(tiny_target_dir, tiny_draft_dir):
+    from actors.sampling_params import SamplingParams
     from tests.tiny import tiny_engine
 
-    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=False)
-    assert eng.spec_policy is None
+    assert tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=False).spec_policy is None
+    eng = tiny_engine(tiny_target_dir, draft="draft", draft_dir=tiny_draft_dir, k=3, adaptive=False)
+    out = eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert eng.spec_policy is None and out.num_output_tokens == 12 and out.num_drafts > 0
+    assert eng._sources == {}, "without a policy no draft sources are looked up (or kept)"

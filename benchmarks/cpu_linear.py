@@ -1,5 +1,5 @@
-"""How fast one pass over a decoder's weights is for 1-8 rows, per way of doing the products: the
-measurement behind ``kernels.cpu_linear.PLAN``.
+"""How fast one pass over a decoder's weights is for 1 to ``MAX_ROWS`` (12) rows, per way of doing
+the products: the measurement behind ``kernels.cpu_linear.PLAN``.
 
     python -m benchmarks.cpu_linear [--threads 2] [--reps 9] [--layers 30 --hidden 576 ...]
 

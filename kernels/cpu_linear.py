@@ -4,11 +4,10 @@ At small batch a decode step multiplies 1 row (plain decoding, batch 1) or a few
 sequences, or the root plus a few draft tokens) by every weight matrix. ``F.linear`` hands such
 products to a BLAS path that, on the project's 2-core box (MKL, fp32, SmolLM2-135M's 538 MB of
 weights), streams the weights at ~15 GB/s for 1 row and re-reads them for 2-12 rows: a forward of
-2 rows cost 1.5x one of 1 row. The same
-product written as ``W @ x^T`` (x row-major, so x^T is a transposed view) with 2 or 4 columns runs
-at the machine's memory bandwidth, ~33 GB/s. ``PLAN`` gives, per row count, the column counts of the
-products that cover the rows; a product wider than the rows it holds repeats its last row and
-drops the copies. It is what ``python -m benchmarks.cpu_linear`` measured fastest here (ms per pass
+2 rows cost 1.5x one of 1 row. The same product written as ``W @ x^T`` (x row-major, so x^T is a
+transposed view) with 2 or 4 columns runs at the machine's memory bandwidth, ~33 GB/s. ``PLAN``
+gives, per row count, the column counts of the products that cover the rows; a product wider than
+the rows it holds repeats its last row and drops the copies. It is what ``python -m benchmarks.cpu_linear`` measured fastest here (ms per pass
 over all 30 layers and the LM head, 2 threads; F.linear -> plan): 1 row 34.6 -> 16.4, 2 rows
 58.2 -> 16.2, 4 rows 52.3 -> 18.6, 8 rows 48.3 -> 35.3, 9 rows 62.8 -> 36.0, 12 rows 52.4 -> 43.7;
 from 13 rows on F.linear is as fast.
@@ -45,7 +44,7 @@ def pieces(rows: int) -> list[tuple[int, int, int]]:
 def uses_columns(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear`` takes the column form for this input."""
     return (ENABLED and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype is torch.float32
-            and weight.dtype is torch.float32 and not x.is_cuda and x.device.type == "cpu")
+            and weight.dtype is torch.float32 and x.device.type == "cpu")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

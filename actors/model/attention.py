@@ -3,10 +3,14 @@
 KV cache per layer: ``k, v`` of shape [num_blocks, block_size, num_kv_heads, head_dim]; flat slot
 ``s = block * block_size + offset``. Visibility rules are those of ``actors.model.batch``.
 
-``paged_attention`` gathers each sequence's keys through its block table and runs ONE padded
-``scaled_dot_product_attention`` for the whole batch. The gather indices and the dense mask are built
-once per forward and kept in ``batch.cache`` for every layer. GQA folds the query heads sharing a KV
-head into the query-length axis, so K/V are never repeated.
+``paged_attention`` gathers each sequence's keys through its block table and runs a padded
+``scaled_dot_product_attention`` per group of sequences of similar shape (``group_sequences``):
+usually one group for the whole batch. Why groups: padding makes one call cost
+B x max_q x max_kv, so a 1,000-token prefill chunk batched with 63 decoding sequences padded every
+one of them to 1,000 query rows (attention was 88% of a step of the training-data generator). The
+gather indices and dense masks are built once per forward and kept in ``batch.cache`` for every
+layer. GQA folds the query heads sharing a KV head into the query-length axis, so K/V are never
+repeated.
 """
 from __future__ import annotations
 
@@ -63,23 +67,73 @@ class AttnMeta:
     folded: dict  # group size -> mask [B, 1, g * max_q, max_kv]
 
 
-def build_attn_meta(batch: ForwardBatch, device: torch.device) -> AttnMeta:
-    """Gather indices and the dense visibility mask of a batch (built once per forward)."""
+GROUP_SLACK = 4096  # cost units a group may waste beyond half its real work (about one call's overhead)
+
+
+def _work(q_len: int, kv_len: int) -> int:
+    """Cost units of one sequence: query x key cells, plus ~8 rows' worth for gathering its keys
+    (one padded call measured at about (q + 6..12) x keys on the 2-core CPU, fp32 and bf16)."""
+    return (q_len + 8) * kv_len
+
+
+def group_sequences(q_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
+    """Partition sequence indices into groups run as one padded call each: a sequence joins the
+    current group while the group's padded cost stays within 1.5x its real cost plus ``GROUP_SLACK``
+    (sequences visited by query length, then key length, descending). Each group is in ascending
+    index order; a homogeneous batch is one group."""
+    order = sorted(range(len(q_lens)), key=lambda i: (q_lens[i], kv_lens[i]), reverse=True)
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    max_q = max_kv = real = 0
+    for i in order:
+        mq, mk, r = max(max_q, q_lens[i]), max(max_kv, kv_lens[i]), real + _work(q_lens[i], kv_lens[i])
+        if cur and 2 * (len(cur) + 1) * _work(mq, mk) > 3 * r + 2 * GROUP_SLACK:
+            groups.append(sorted(cur))
+            cur, mq, mk, r = [], q_lens[i], kv_lens[i], _work(q_lens[i], kv_lens[i])
+        cur.append(i)
+        max_q, max_kv, real = mq, mk, r
+    return groups + ([sorted(cur)] if cur else [])
+
+
+def build_attn_meta(batch: ForwardBatch, device: torch.device) -> list[tuple[torch.Tensor | None, AttnMeta]]:
+    """Per group of sequences: (its query rows [n] int64, or None when the group is the whole batch
+    in order, and its gather indices and mask). Built once per forward."""
+    qsl = batch.query_start_loc.tolist()
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
+    kv_lens = batch.kv_lens.tolist()
+    windows = batch.window_masks or [None] * len(q_lens)
+    groups = group_sequences(q_lens, kv_lens)
+    if len(groups) == 1:
+        return [(None, _group_meta(batch, list(range(len(q_lens))), q_lens, kv_lens, windows, device))]
+    parts = []
+    for g in groups:
+        rows = torch.cat([torch.arange(qsl[i], qsl[i + 1]) for i in g]).to(device)
+        parts.append((rows, _group_meta(batch, g, q_lens, kv_lens, windows, device)))
+    return parts
+
+
+def _group_meta(batch: ForwardBatch, seqs: list[int], q_lens_all: list[int], kv_lens_all: list[int],
+                windows_all: list, device: torch.device) -> AttnMeta:
+    """Gather indices and the dense visibility mask of the sequences ``seqs`` of a batch, whose
+    query rows come in the order of ``seqs``."""
     i64 = dict(dtype=torch.int64, device=device)
-    qsl = batch.query_start_loc.to(device)
-    q_lens_t = qsl[1:] - qsl[:-1]
-    kv_lens_t = batch.kv_lens.to(device)
-    q_lens, kv_lens = q_lens_t.tolist(), kv_lens_t.tolist()
-    num_seqs, max_q, max_kv = len(q_lens), max(q_lens), max(kv_lens)
+    q_lens, kv_lens = [q_lens_all[i] for i in seqs], [kv_lens_all[i] for i in seqs]
+    windows = [windows_all[i] for i in seqs]
+    q_lens_t, kv_lens_t = torch.tensor(q_lens, **i64), torch.tensor(kv_lens, **i64)
+    num_seqs, max_q, max_kv, num_tokens = len(q_lens), max(q_lens), max(kv_lens), sum(q_lens)
+    tables = batch.block_tables.to(device)
+    if len(seqs) != batch.num_seqs:
+        tables = tables[torch.tensor(seqs, **i64)]
     pos = torch.arange(max_kv, **i64)
     pos = torch.minimum(pos.unsqueeze(0), (kv_lens_t - 1).unsqueeze(1))  # [B, max_kv], clamp padding
-    blocks = batch.block_tables.to(device).gather(1, pos // batch.block_size)
+    blocks = tables.gather(1, pos // batch.block_size)
     kv_index = blocks * batch.block_size + pos % batch.block_size
     out_index = None
     if num_seqs > 1 and min(q_lens) != max_q:
-        seq_of_tok = torch.repeat_interleave(torch.arange(num_seqs, **i64), q_lens_t, output_size=batch.num_tokens)
-        out_index = torch.arange(batch.num_tokens, **i64) + seq_of_tok * max_q - qsl[seq_of_tok]
-    windows = batch.window_masks or [None] * num_seqs
+        qsl = torch.zeros(num_seqs + 1, **i64)
+        qsl[1:] = q_lens_t.cumsum(0)
+        seq_of_tok = torch.repeat_interleave(torch.arange(num_seqs, **i64), q_lens_t, output_size=num_tokens)
+        out_index = torch.arange(num_tokens, **i64) + seq_of_tok * max_q - qsl[seq_of_tok]
     mask = None
     all_visible = max_q == 1 and min(kv_lens) == max_kv and all(w is None for w in windows)
     if not all_visible:
@@ -110,11 +164,11 @@ def _dense_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv:
     return mask
 
 
-def _meta(batch: ForwardBatch, device: torch.device) -> AttnMeta:
-    meta = batch.cache.get(_CACHE_KEY)
-    if meta is None:
-        meta = batch.cache[_CACHE_KEY] = build_attn_meta(batch, device)
-    return meta
+def _meta(batch: ForwardBatch, device: torch.device) -> list[tuple[torch.Tensor | None, AttnMeta]]:
+    parts = batch.cache.get(_CACHE_KEY)
+    if parts is None:
+        parts = batch.cache[_CACHE_KEY] = build_attn_meta(batch, device)
+    return parts
 
 
 def _folded_mask(meta: AttnMeta, group: int) -> torch.Tensor | None:
@@ -131,10 +185,21 @@ def _folded_mask(meta: AttnMeta, group: int) -> torch.Tensor | None:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                     scale: float) -> torch.Tensor:
     """q [N, h, d]; k_cache/v_cache [blocks, bs, kvh, d] (this step's K/V already written) -> [N, h, d]."""
+    parts = _meta(batch, q.device)
+    if len(parts) == 1:
+        return _attend_group(q, k_cache, v_cache, parts[0][1], scale)
+    out = torch.empty_like(q)
+    for rows, meta in parts:
+        out.index_copy_(0, rows, _attend_group(q.index_select(0, rows), k_cache, v_cache, meta, scale))
+    return out
+
+
+def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
+                  scale: float) -> torch.Tensor:
+    """One padded SDPA call: q [n, h, d], the query rows of ``meta``'s sequences in order -> [n, h, d]."""
     n, h, d = q.shape
     kvh = k_cache.shape[-2]
     g = h // kvh
-    meta = _meta(batch, q.device)
     b, max_q = meta.num_seqs, meta.max_q
     if meta.out_index is None:
         qp = q.view(b, max_q, kvh, g, d)

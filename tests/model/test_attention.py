@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.model.attention import allocate_kv_cache, copy_kv_slots, paged_attention, write_kv
+from actors.model import attention
+from actors.model.attention import allocate_kv_cache, copy_kv_slots, group_sequences, paged_attention, write_kv
 from tests.model import Chunk, make_batch, random_tables, slot_of
 
 H, KVH, D, BS = 4, 2, 8, 4
@@ -39,7 +40,12 @@ def _mixed_chunks():
     ]
 
 
-def test_paged_attention_matches_naive():
+@pytest.mark.parametrize("groups", [None, [[1, 3], [0], [2]]])
+def test_paged_attention_matches_naive(groups, monkeypatch):
+    """One padded call for the batch, and one call per group of sequences (out of order): both
+    equal attention spelled out per sequence."""
+    if groups:
+        monkeypatch.setattr(attention, "group_sequences", lambda q, kv: groups)
     torch.manual_seed(0)
     chunks = _mixed_chunks()
     batch = make_batch(chunks, BS)
@@ -52,9 +58,29 @@ def test_paged_attention_matches_naive():
     out = paged_attention(q, k_cache, v_cache, batch, D ** -0.5)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, naive_attention(q, k_cache, v_cache, chunks, D ** -0.5), atol=1e-5, rtol=1e-5)
-    meta = batch.cache["paged_attention"]  # built once, reused by the next layer
+    parts = batch.cache["paged_attention"]  # built once, reused by the next layer
     paged_attention(q, k_cache, v_cache, batch, D ** -0.5)
-    assert batch.cache["paged_attention"] is meta and meta.mask.shape == (4, 6, 10)
+    assert batch.cache["paged_attention"] is parts and len(parts) == len(groups or [0])
+    if groups is None:
+        assert parts[0][0] is None and parts[0][1].mask.shape == (4, 6, 10)
+
+
+def test_sequences_of_different_shapes_are_grouped():
+    assert group_sequences([1] * 8, [300 + i for i in range(8)]) == [list(range(8))]
+    # a 1,000-token prefill chunk among 63 decoding sequences runs alone, not padding them all
+    q, kv = [1] * 64, [200] * 64
+    q[5], kv[5] = 1000, 1000
+    groups = group_sequences(q, kv)
+    assert [5] in groups and sorted(i for g in groups for i in g) == list(range(64))
+    # verification rows (K+1 = 6) and plain decoding rows of similar context share one call
+    assert len(group_sequences([6, 1, 6, 1, 1], [400, 410, 390, 420, 405])) == 1
+    # decoding contexts from 64 to 2,048 tokens: a few calls, each within 2x of its real work
+    kvs = [64 * 2 ** (i % 6) for i in range(24)]
+    groups = group_sequences([1] * 24, kvs)
+    assert 1 < len(groups) <= 6
+    for g in groups:
+        assert g == sorted(g)
+        assert len(g) * 4 * max(kvs[i] for i in g) <= 1.5 * sum(4 * kvs[i] for i in g) + attention.GROUP_SLACK
 
 
 def test_padding_never_leaks_nan():

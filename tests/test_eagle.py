@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from actors.eagle.head import DEFAULT_HEADS, EagleHead, HeadConfig, load_head
-from actors.eagle.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix
+from actors.eagle.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix, vocabulary_words
 from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.engine import LLMEngine
@@ -253,25 +253,51 @@ def test_online_drafts_equal_the_teacher_forced_predictions(lookup_first, tiny_t
 
 # ---- the recipe -----------------------------------------------------------------------------------
 
-def test_prompt_mix_is_varied_and_avoids_the_benchmarks():
-    mix = [m[-1]["content"] for m in build_prompt_mix(3000)]
-    assert len(set(mix)) == 3000
+class _Vocab:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def get_vocab(self):
+        return {t: i for i, t in enumerate(self.tokens)}
+
+
+def test_vocabulary_words_are_whole_lowercase_words():
+    tok = _Vocab(["\u0120garden", "\u2581window", "\u0120Garden", "garden", "\u0120ab", "\u0120na\u00efve",
+                  "\u0120fish3s", "\u0120-ing", "\u0120planet"])
+    assert vocabulary_words(tok, min_len=5) == ["garden", "planet", "window"]
+
+
+def _benchmark_contents() -> set[str]:
     bench = set()
     for f in (Path(__file__).parent.parent / "benchmarks" / "prompts").glob("*.jsonl"):
         for line in f.read_text().splitlines():
             if line.strip():
                 d = json.loads(line)
                 bench.add((d.get("messages") or [{"content": d.get("prompt", "")}])[-1]["content"])
+    return bench
+
+
+@pytest.mark.parametrize("words", [None, [f"{a}{b}ing" for a in "bcdfglmprst" for b in "aeiou"] + ["planet"]])
+def test_prompt_mix_is_varied_and_avoids_the_benchmarks(words):
+    mix = [m[-1]["content"] for m in build_prompt_mix(3000, words=words)]
+    assert len(set(mix)) == 3000
+    bench = _benchmark_contents()
     assert not bench & set(mix)
     assert not [m for m in mix if any(t in m.lower() for t in BENCHMARK_TOPICS)]
     kinds = {m.split()[0] for m in mix}
     assert len(kinds) >= 15, kinds
+    long_docs = [m for m in mix if len(m.split()) >= 400]  # documents to summarize, like long-context traffic
+    assert len(long_docs) >= 100, len(long_docs)
+    if words:
+        used = [w for w in words if any(w in m for m in mix)]
+        assert len(used) >= 0.9 * len(words) - 1 and "planet" not in used  # a benchmark topic is filtered
 
 
 @pytest.mark.parametrize("argv, bad", [(["--minutes", "0"], "--minutes 0.0"),
                                        (["--gen-frac", "0.8", "--feat-frac", "0.3"], "--gen-frac 0.8"),
                                        (["--init", "/no/such/head.safetensors"], "'/no/such/head.safetensors'"),
-                                       (["--stages", "gen,fly"], "'gen,fly'")])
+                                       (["--stages", "gen,fly"], "'gen,fly'"),
+                                       (["--data", "/no/such/run"], "'/no/such/run'")])
 def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
     from actors.eagle.train import main
 

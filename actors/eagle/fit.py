@@ -174,10 +174,12 @@ def evaluate(head: EagleHead, examples: list[Example], depth: int, device, batch
 
 
 def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
-    """Train on the cached features under ``out``; saves and returns ``out/head.safetensors``."""
+    """Train on the cached features under ``out`` (and ``args.data``'s directories); saves and
+    returns ``out/head.safetensors``."""
     from actors.model.loader import load_model
 
-    examples = load_examples(out)
+    dirs = [out, *map(Path, getattr(args, "data", []))]
+    examples = [ex for d in dirs for ex in load_examples(d)]
     if not examples:
         raise ValueError(f"no training data under {out}/features: run the gen and features stages first")
     train, val = _split(examples, args.seed)

@@ -3,9 +3,14 @@ offline text found on every machine (docstrings of the Python standard library).
 
 Why its own lists: the draft must generalise to chat traffic, so the mix covers the same *kinds*
 of task a chat model sees (questions, how-to, code, rewriting, creative writing, translation,
-structured output, arithmetic), but it never uses the benchmark prompts (benchmarks/prompts/) or
-their topics: ``BENCHMARK_TOPICS`` are filtered out, and a test checks that no benchmark prompt
-appears. Deterministic for a given seed.
+structured output, arithmetic, summaries of long documents), but it never uses the benchmark
+prompts (benchmarks/prompts/) or their topics: ``BENCHMARK_TOPICS`` are filtered out, and a test
+checks that no benchmark prompt appears. Deterministic for a given seed.
+
+Why vocabulary words: with ~100 hand-written concepts the answers repeat their topics, and a head
+trained on them scored 0.53 top-1 on held-out answers of the same mix but 0.30 on the benchmark's
+prompts. The tokenizer's own whole-word tokens (``vocabulary_words``: ~15,000 on SmolLM2) give the
+mix thousands of topics at no cost.
 """
 from __future__ import annotations
 
@@ -190,6 +195,46 @@ def stdlib_functions(limit: int = 300) -> list[tuple[str, str]]:
     return out[:limit]
 
 
+def vocabulary_words(tokenizer, min_len: int = 6) -> list[str]:
+    """Lower-case alphabetic whole-word tokens of ``tokenizer`` (a leading-space marker stripped),
+    at least ``min_len`` letters, sorted: a topic list of the target's own vocabulary."""
+    words = set()
+    for tok in tokenizer.get_vocab():
+        w = tok[1:] if tok[:1] in ("\u0120", "\u2581") else ""  # GPT-2 / SentencePiece word-start markers
+        if len(w) >= min_len and w.isascii() and w.isalpha() and w.islower():
+            words.add(w)
+    return sorted(words)
+
+
+def _word_prompt(rng: random.Random, words: list[str]) -> str:
+    w, w2, a = rng.choice(words), rng.choice(words), rng.choice(AUDIENCES)
+    return rng.choice((
+        f"What does the word \"{w}\" mean? Use it in two example sentences.",
+        f"Tell me about {w}.", f"Explain the idea of {w} to {a}.",
+        f"Write a short paragraph that uses the words \"{w}\" and \"{w2}\".",
+        f"Write a short story about {w} and {w2}.", f"Write a poem about {w}.",
+        f"Give me five questions someone might ask about {w}, with short answers.",
+        f"Write a JSON object describing \"{w}\" with the fields word, meaning, example and synonyms.",
+        f"Write a YAML list of three things related to {w}, each with a name and a description.",
+        f"What is the connection between {w} and {w2}?", f"Write an email to a colleague about {w}.",
+    ))
+
+
+def _long_document(rng: random.Random, paras: list[str]) -> str:
+    """A 400-1,100-word document of consecutive docstring paragraphs and a request about it."""
+    start = rng.randrange(len(paras))
+    doc, n = [], 0
+    for p in paras[start:] + paras[:start]:
+        doc.append(p)
+        n += len(p.split())
+        if n >= rng.randint(400, 1100):
+            break
+    ask = rng.choice(("Summarize this document in a few paragraphs.", "Write a summary of the text above for a newcomer.",
+                      "What are the main points of this document? Answer in a bulleted list.",
+                      "Summarize the text above in five sentences."))
+    return "\n\n".join(doc) + "\n\n" + ask
+
+
 def _arithmetic(rng: random.Random) -> str:
     a, b = rng.randint(12, 999), rng.randint(3, 99)
     return rng.choice((
@@ -201,8 +246,12 @@ def _arithmetic(rng: random.Random) -> str:
     ))
 
 
-def _one_prompt(rng: random.Random, paras: list[str], funcs: list[tuple[str, str]]) -> str:
-    kind = rng.choices(range(10), weights=(22, 8, 10, 16, 12, 12, 7, 7, 3, 3))[0]
+def _one_prompt(rng: random.Random, paras: list[str], funcs: list[tuple[str, str]], words: list[str]) -> str:
+    kind = rng.choices(range(12), weights=(12, 5, 7, 13, 8, 9, 6, 6, 2, 2, 22 if words else 0, 8))[0]
+    if kind == 10:
+        return _word_prompt(rng, words)
+    if kind == 11:
+        return _long_document(rng, paras)
     c, a = rng.choice(CONCEPTS), rng.choice(AUDIENCES)
     if kind == 0:
         return rng.choice(QUESTION_STEMS).format(c=c, a=a)
@@ -246,8 +295,9 @@ def _one_prompt(rng: random.Random, paras: list[str], funcs: list[tuple[str, str
                        f"Show how to use {mod}.{fn} in Python."))
 
 
-def build_prompt_mix(n: int, seed: int = 0) -> list[list[dict]]:
-    """``n`` distinct chat conversations (one user turn, sometimes a system turn), benchmark topics excluded."""
+def build_prompt_mix(n: int, seed: int = 0, words: list[str] | None = None) -> list[list[dict]]:
+    """``n`` distinct chat conversations (one user turn, sometimes a system turn), benchmark topics
+    excluded; ``words`` (``vocabulary_words``) adds prompts on thousands of topics."""
     rng = random.Random(seed)
     paras, funcs = stdlib_paragraphs(), stdlib_functions()
     systems = ("You are a helpful assistant.", "You are a concise assistant. Keep answers short.",
@@ -257,7 +307,7 @@ def build_prompt_mix(n: int, seed: int = 0) -> list[list[dict]]:
     for _ in range(n * 20):
         if len(out) >= n:
             break
-        text = _one_prompt(rng, paras, funcs)
+        text = _one_prompt(rng, paras, funcs, words or [])
         if text in seen or any(t in text.lower() for t in BENCHMARK_TOPICS):
             continue
         seen.add(text)

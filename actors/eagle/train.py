@@ -33,6 +33,14 @@ def _init_arg(value: str) -> str:
     raise argparse.ArgumentTypeError(f"{value!r} is neither 'random', 'target' nor an existing head file")
 
 
+def _data_dirs(value: str) -> list[str]:
+    dirs = [d for d in value.split(",") if d]
+    for d in dirs:
+        if not (Path(d) / "features").is_dir():
+            raise argparse.ArgumentTypeError(f"{d!r} has no features/ directory (run its features stage first)")
+    return dirs
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m actors.eagle.train", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="working directory (cached stages, log, head.safetensors)")
@@ -58,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--max-steps", type=int, default=None, help="stop training after this many steps (smoke runs)")
+    p.add_argument("--data", default="", type=_data_dirs,
+                   help="comma-separated working directories of earlier runs whose features the train stage "
+                        "also uses (e.g. answers to another prompt-mix seed)")
     p.add_argument("--stages", default="gen,text,features,train",
                    help="comma-separated subset of gen,text,features,train")
     p.add_argument("--threads", type=int, default=None)
@@ -77,14 +88,14 @@ def _setup_logging(out: Path) -> None:
 
 def stage_generate(args, out: Path, deadline: float) -> None:
     from actors.eagle.data import generate_responses
-    from actors.eagle.prompt_mix import build_prompt_mix
+    from actors.eagle.prompt_mix import build_prompt_mix, vocabulary_words
     from cluster.config import EngineConfig
     from cluster.engine import LLMEngine
 
-    prompts = build_prompt_mix(args.num_prompts, args.seed)
     cfg = EngineConfig(model=args.model, dtype=args.gen_dtype, device=args.device, max_num_seqs=args.concurrency,
                        max_num_batched_tokens=1024, kv_cache_gb=2.0, num_threads=args.threads)
     engine = LLMEngine(cfg)
+    prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(engine.prompts.tokenizer))
     n = generate_responses(engine, prompts, out, deadline, args.concurrency, max_tokens=args.max_tokens,
                            seed=args.seed)
     log.info("stage 1 done: %d answers", n)

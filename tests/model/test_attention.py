@@ -119,3 +119,11 @@ def test_write_and_copy_kv_slots():
         torch.testing.assert_close(flat_v[6:9], -vals[0:3])
         torch.testing.assert_close(flat_k[5], vals[0])
     copy_kv_slots(caches, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64))
+
+
+def test_benchmark_command_prints_every_case(capsys):
+    from benchmarks.attention_groups import cases, main
+
+    main(["--scale", "50", "--reps", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert all(f"| {name} |" in out for name in cases())

@@ -1,0 +1,130 @@
+"""How well EAGLE heads draft on the benchmark's own prompts, without running the engine per head.
+
+    python -m benchmarks.head_probe [--heads default,/tmp/eagle/head.safetensors] [--sample 48]
+                                    [--work DIR] [--max-tokens 128] [--threads 2]
+
+The target answers a stratified sample of the prompt set greedily once (cached under ``--work``,
+the same response/feature format as ``actors.eagle.train``); each head is then scored teacher-forced
+on those answers with the training recipe's own evaluation (``actors.eagle.fit.evaluate``): top-1
+agreement with the target per draft depth and the acceptance of each position of a greedy chain,
+per category. This is the head's offline quality on benchmark-like text; the engine's acceptance
+on the same answers matches it (tests/test_eagle.py pins the proposer to the teacher-forced
+prediction). Training never sees these prompts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+DEPTH = 5
+
+
+def answer_prompts(model: str, prompts: list[dict], work: Path, max_tokens: int, threads: int | None,
+                   concurrency: int = 16) -> None:
+    """The target's greedy answers (bf16 engine, no speculation) and their features, under ``work``."""
+    from actors.eagle.data import extract_features, generate_responses
+    from actors.model.loader import load_model
+    from cluster.config import EngineConfig
+    from cluster.engine import LLMEngine
+
+    cfg = EngineConfig(model=model, dtype="bfloat16", max_num_seqs=concurrency, max_num_batched_tokens=1024,
+                       kv_cache_gb=1.0, num_threads=threads)
+    engine = LLMEngine(cfg)
+    generate_responses(engine, prompts, work, float("inf"), concurrency, max_tokens=max_tokens, sampled_frac=0.0)
+    del engine
+    target = load_model(model, dtype=torch.bfloat16).model
+    extract_features(target, work, torch.device("cpu"))
+
+
+def examples_by_category(work: Path, categories: list[str]) -> dict[str, list]:
+    """The cached conversations grouped by their prompt's category (shard order = feature order)."""
+    from actors.eagle.data import load_examples
+
+    indices = [json.loads(line)["index"] for f in sorted((work / "responses").glob("shard-*.jsonl"))
+               for line in f.read_text().splitlines() if line]
+    examples = load_examples(work)
+    if len(indices) != len(examples):
+        raise RuntimeError(f"{work}: {len(indices)} answers but {len(examples)} with features; delete it and rerun")
+    out: dict[str, list] = defaultdict(list)
+    for i, ex in zip(indices, examples):
+        out[categories[i]].append(ex)
+    return dict(sorted(out.items()))
+
+
+def score(head, examples: list) -> dict:
+    """Top-1 per depth, greedy-chain acceptance per position and mean accepted length at K=DEPTH."""
+    from actors.eagle.fit import evaluate
+
+    top1, chain = evaluate(head, examples, DEPTH, torch.device("cpu"), 4096)
+    return {"top1": [round(a, 3) for a in top1], "chain": [round(a, 3) for a in chain],
+            "mean_accepted_length": round(1 + sum(chain), 3)}
+
+
+def head_path(name: str, model: str) -> Path:
+    """``default``: the head committed for ``model`` (a path that does not exist when there is none)."""
+    from actors.eagle.head import DEFAULT_HEADS
+
+    return DEFAULT_HEADS.get(model, Path(f"<no head committed for {model}>")) if name == "default" else Path(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.options import select_prompts
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.head_probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--heads", default="default", help="comma-separated head files (`default`: the committed head)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--prompts", default=None, help="JSONL prompt set (default: bench500)")
+    p.add_argument("--sample", type=int, default=48, help="prompts, stratified by category")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=128, help="longest answer")
+    p.add_argument("--work", default=None, help="cache of the answers and features (default: a temporary directory)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
+    args = p.parse_args(argv)
+    if args.sample < 1 or args.max_tokens < 1:
+        p.error(f"--sample {args.sample} and --max-tokens {args.max_tokens}: each must be at least 1")
+    paths = [head_path(h, args.model) for h in args.heads.split(",") if h]
+    missing = [str(h) for h in paths if not h.is_file()]
+    if not paths or missing:
+        p.error(f"--heads {args.heads!r}: no such head file {', '.join(missing) or '(none given)'}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _, items = select_prompts(args.prompts, args.sample, args.seed)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="head-probe-"))
+    if not list((work / "features").glob("*.pt")):
+        t0 = time.time()
+        answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads)
+        print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
+    groups = examples_by_category(work, [it.category for it in items])
+    groups["all"] = [ex for exs in groups.values() for ex in exs]
+    return report(paths, groups, args.model, args.json)
+
+
+def report(paths: list[Path], groups: dict[str, list], model: str, as_json: bool) -> int:
+    from actors.eagle.head import load_head
+    from actors.model.loader import load_model
+
+    target = load_model(model).model
+    results = {str(path): {cat: score(load_head(path).attach(target), exs) for cat, exs in groups.items()}
+               for path in paths}
+    if as_json:
+        print(json.dumps(results, indent=1))
+        return 0
+    ntok = {cat: sum(len(e.tokens) - e.num_prompt for e in exs) for cat, exs in groups.items()}
+    print("| head | category | answer tokens | top-1 by depth | chain acceptance by position | mean accepted length (K=5) |")
+    print("|---|---|---|---|---|---|")
+    for path, cats in results.items():
+        for cat, r in cats.items():
+            print(f"| {Path(path).name} | {cat} | {ntok[cat]} | {', '.join(map(str, r['top1']))} | "
+                  f"{', '.join(map(str, r['chain']))} | {r['mean_accepted_length']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

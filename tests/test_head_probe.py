@@ -1,0 +1,69 @@
+"""benchmarks.head_probe: answers grouped by their prompt's category, scored with the recipe's evaluation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import head_probe
+
+
+def _write_answers(work, rows):
+    (work / "responses").mkdir(parents=True)
+    (work / "responses" / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@torch.inference_mode()
+def test_examples_follow_their_prompt_index_not_the_finish_order(tiny_target_dir, tmp_path):
+    from actors.eagle.data import extract_features
+    from actors.model.loader import load_model
+
+    model = load_model(tiny_target_dir).model
+    # answers finish out of order: the shard holds prompt 2 first; lengths tell the rows apart
+    rows = [{"index": i, "prompt_ids": [5] * (3 + i), "output_ids": [7 + i] * (4 + 2 * i)} for i in (2, 0, 1)]
+    _write_answers(tmp_path, rows)
+    extract_features(model, tmp_path, torch.device("cpu"))
+    groups = head_probe.examples_by_category(tmp_path, ["code", "qa", "code"])
+    assert sorted(groups) == ["code", "qa"]
+    assert sorted(len(e.tokens) for e in groups["code"]) == [7, 13]  # prompts 0 and 2: 7 + 3 * index
+    assert [len(e.tokens) for e in groups["qa"]] == [10]
+    assert [e.num_prompt for e in groups["qa"]] == [4]
+
+
+@torch.inference_mode()
+def test_score_is_the_recipes_chain_acceptance(tiny_target_dir, tmp_path):
+    from actors.eagle.data import extract_features
+    from actors.eagle.head import load_head
+    from actors.model.loader import load_model
+    from tests.tiny import random_eagle_head
+
+    model = load_model(tiny_target_dir).model
+    _write_answers(tmp_path, [{"index": i, "prompt_ids": [9, 4, 4], "output_ids": list(range(10 + i, 40 + i))}
+                              for i in range(4)])
+    extract_features(model, tmp_path, torch.device("cpu"))
+    exs = head_probe.examples_by_category(tmp_path, ["a"] * 4)["a"]
+    # a head whose draft vocabulary is the whole target vocabulary, so its drafts can be right
+    head = load_head(random_eagle_head(model, model.config.vocab_size, tmp_path / "h.safetensors")).attach(model)
+    r = head_probe.score(head, exs)
+    assert len(r["top1"]) == len(r["chain"]) == head_probe.DEPTH
+    assert all(c <= t + 1e-9 for c, t in zip(r["chain"], r["top1"]))
+    assert all(b <= a + 1e-9 for a, b in zip(r["chain"], r["chain"][1:]))
+    assert r["mean_accepted_length"] == pytest.approx(1 + sum(r["chain"]), abs=0.01)
+    # depth 1 counted independently: the head's teacher-forced first draft at each origin t against
+    # the target's greedy token after t + 1, over the origins that predict answer tokens
+    from tests.test_eagle import _teacher_forced_first_drafts
+
+    hits = n = 0
+    for ex in exs:
+        ref = _teacher_forced_first_drafts(head, model, ex.tokens.tolist())
+        for t in range(ex.num_prompt - 2, len(ex.tokens) - 1):
+            hits += ref[t] == int(ex.target_next[t + 1])
+            n += 1
+    assert r["top1"][0] == pytest.approx(hits / n, abs=1e-3)
+
+
+def test_missing_head_is_named(capsys):
+    with pytest.raises(SystemExit):
+        head_probe.main(["--heads", "/nonexistent/head.safetensors"])
+    assert "/nonexistent/head.safetensors" in capsys.readouterr().err

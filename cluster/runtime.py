@@ -31,10 +31,14 @@ def kv_blocks_for(config, model_config, dtype: torch.dtype, max_spec_nodes: int)
     else:
         blocks = max(1, int(config.kv_cache_gb * 2**30) // kv_block_bytes(model_config, bs, dtype))
     fits = blocks * bs - max_spec_nodes - bs
-    limit = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
-    if config.max_model_len is not None and config.max_model_len > model_config.max_position_embeddings:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context "
-                         f"{model_config.max_position_embeddings}")
+    # a sliding-window model (Mistral v0.1) attends to its last `window` tokens only; sequences that
+    # never grow past the window need no window in attention, so the context stops there
+    context = min(model_config.max_position_embeddings, getattr(model_config, "sliding_window", None) or 1 << 62)
+    limit = min(context, config.max_model_len or 1 << 62)
+    if config.max_model_len is not None and config.max_model_len > context:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's context {context}"
+                         + (" (its sliding attention window, which attention does not apply)"
+                            if context < model_config.max_position_embeddings else ""))
     if fits < 16:
         raise ValueError(f"KV pool of {blocks} blocks x {bs} tokens is too small; raise num_kv_blocks/kv_cache_gb")
     return blocks, min(limit, fits)

@@ -42,7 +42,7 @@ class ModelConfig(BaseModel):
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2; Llama with attention_bias)
     o_proj_bias: bool = False  # bias on o_proj (Llama with attention_bias only)
     mlp_bias: bool = False
-    sliding_window: int | None = None  # recorded (Mistral v0.1); attention does not apply it yet
+    sliding_window: int | None = None  # Mistral v0.1: the engine's context stops at the window (cluster/runtime.py)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 

@@ -6,11 +6,14 @@ against one call per group of similar sequences (``actors.model.attention.group_
 The default model's attention shape (9 query heads, 3 KV heads, head_dim 64). Each case is a
 batch the scheduler forms in serving: decoding sequences with a prefill chunk among them,
 decoding sequences of varied context, verification rows (K + 1 = 6) beside plain decoding.
-Prints the median ms per layer both ways and the number of groups.
+Prints the median ms per layer both ways and the number of groups; then, for fresh prompts
+(prefill from position 0), a dense causal mask against SDPA's own causal kernel (what
+``paged_attention`` runs for them).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 
 import torch
@@ -35,6 +38,13 @@ def cases(scale: int = 1) -> dict[str, tuple[list[int], list[int]]]:
     }
 
 
+def prompt_cases(scale: int = 1) -> dict[str, list[int]]:
+    """name -> prompt lengths of a batch of fresh prompts (query length = context length)."""
+    s = lambda xs: [max(2, x // scale) for x in xs]  # noqa: E731
+    return {"one 1,000-token prompt": s([1000]), "one 300-token prompt": s([300]),
+            "4 prompts of 150-800 tokens": s([800, 520, 300, 150])}
+
+
 def make_batch(q_lens: list[int], kv_lens: list[int]) -> tuple[ForwardBatch, int]:
     """A batch whose sequences own consecutive blocks; returns it and the number of blocks."""
     tables, first = [], 0
@@ -52,20 +62,34 @@ def make_batch(q_lens: list[int], kv_lens: list[int]) -> tuple[ForwardBatch, int
     return batch, first
 
 
+def _masked(group_meta):
+    """attention._group_meta with the causal kernel replaced by the dense mask it saves."""
+    def wrapped(batch, seqs, q_lens, kv_lens, windows, device):
+        m = group_meta(batch, seqs, q_lens, kv_lens, windows, device)
+        if not m.causal:
+            return m
+        ql, kl = (torch.tensor([x[i] for i in seqs]) for x in (q_lens, kv_lens))
+        mask = attention._dense_mask(ql, kl, m.max_q, int(kl.max()), [None] * len(seqs))
+        return dataclasses.replace(m, mask=mask, causal=False, folded={})
+    return wrapped
+
+
 def layer_ms(q_lens: list[int], kv_lens: list[int], dtype: torch.dtype, reps: int, grouped: bool,
-             heads: tuple[int, int, int] = (9, 3, 64)) -> float:
+             heads: tuple[int, int, int] = (9, 3, 64), causal: bool = True) -> float:
     h, kvh, d = heads
     batch, blocks = make_batch(q_lens, kv_lens)
     k, v = attention.allocate_kv_cache(1, blocks, BLOCK, kvh, d, dtype)[0]
     k.normal_(), v.normal_()
     q = torch.randn(sum(q_lens), h, d, dtype=dtype)
-    group = attention.group_sequences
+    group, group_meta = attention.group_sequences, attention._group_meta
     if not grouped:  # the previous behaviour: the whole batch as one padded call
         attention.group_sequences = lambda qs, kvs: [list(range(len(qs)))]
+    if not causal:  # the previous behaviour for fresh prompts: a dense causal mask
+        attention._group_meta = _masked(group_meta)
     try:
         return median_ms(lambda: attention.paged_attention(q, k, v, batch, d ** -0.5), reps)
     finally:
-        attention.group_sequences = group
+        attention.group_sequences, attention._group_meta = group, group_meta
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, (q, kv) in cases(a.scale).items():
         one, grouped = (layer_ms(q, kv, dtype, a.reps, g) for g in (False, True))
         print(f"| {name} | {one:.2f} | {grouped:.2f} | {len(attention.group_sequences(q, kv))} | {one / grouped:.1f}x |")
+    print("\n| fresh prompts | dense causal mask ms | causal kernel ms | speedup |\n|---|---|---|---|")
+    for name, lens in prompt_cases(a.scale).items():
+        masked, causal = (layer_ms(lens, lens, dtype, a.reps, True, causal=c) for c in (False, True))
+        print(f"| {name} | {masked:.2f} | {causal:.2f} | {masked / causal:.1f}x |")
 
 
 if __name__ == "__main__":

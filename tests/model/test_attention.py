@@ -65,6 +65,33 @@ def test_paged_attention_matches_naive(groups, monkeypatch):
         assert parts[0][0] is None and parts[0][1].mask.shape == (4, 6, 10)
 
 
+@pytest.mark.parametrize("stale", [0.0, float("nan")])
+def test_fresh_prompts_take_the_causal_path(stale, monkeypatch):
+    """Prompts from position 0 (q_len == kv_len) run SDPA's causal kernel without a mask, padded to
+    the longest among them; a group of them split off a mixed batch does too. Stale NaN in unused
+    slots must not reach real rows."""
+    t = random_tables(4, 5, 24, seed=2)
+    for chunks, groups in (([Chunk([0] * 5, 0, t[0]), Chunk([0] * 2, 0, t[1]), Chunk([0] * 7, 0, t[2])], None),
+                           (_mixed_chunks(), [[3], [0, 1, 2]])):
+        if groups:
+            monkeypatch.setattr(attention, "group_sequences", lambda q, kv: groups)
+        torch.manual_seed(0)
+        batch = make_batch(chunks, BS)
+        k_cache, v_cache = allocate_kv_cache(1, 24, BS, KVH, D)[0]
+        k_cache.fill_(stale)
+        v_cache.fill_(stale)
+        for c in chunks:
+            n = c.start + len(c.tokens)
+            slots = torch.tensor([slot_of(c.table, p, BS) for p in range(n)])
+            write_kv(k_cache, v_cache, torch.randn(n, KVH, D), torch.randn(n, KVH, D), slots)
+        q = torch.randn(batch.num_tokens, H, D)
+        out = paged_attention(q, k_cache, v_cache, batch, D ** -0.5)
+        torch.testing.assert_close(out, naive_attention(q, k_cache, v_cache, chunks, D ** -0.5), atol=1e-5, rtol=1e-5)
+        metas = [m for _, m in batch.cache["paged_attention"]]
+        assert [m.causal for m in metas] == ([True] if groups is None else [True, False])
+        assert metas[0].mask is None
+
+
 def test_sequences_of_different_shapes_are_grouped():
     assert group_sequences([1] * 8, [300 + i for i in range(8)]) == [list(range(8))]
     # a 1,000-token prefill chunk among 63 decoding sequences runs alone, not padding them all
@@ -122,8 +149,26 @@ def test_write_and_copy_kv_slots():
 
 
 def test_benchmark_command_prints_every_case(capsys):
-    from benchmarks.attention_groups import cases, main
+    from benchmarks.attention_groups import cases, main, prompt_cases
 
     main(["--scale", "50", "--reps", "1", "--threads", "1"])
     out = capsys.readouterr().out
-    assert all(f"| {name} |" in out for name in cases())
+    assert all(f"| {name} |" in out for name in [*cases(), *prompt_cases()])
+
+
+def test_benchmark_baseline_is_the_same_attention_with_a_mask(monkeypatch):
+    """The benchmark's 'dense causal mask' column computes what the causal kernel does."""
+    from benchmarks import attention_groups as ag
+
+    lens = [40, 26, 15, 7]
+    batch, blocks = ag.make_batch(lens, lens)
+    k, v = allocate_kv_cache(1, blocks, ag.BLOCK, KVH, D)[0]
+    k.normal_(), v.normal_()
+    q = torch.randn(sum(lens), H, D)
+    causal = paged_attention(q, k, v, batch, 0.3)
+    assert all(m.causal for _, m in batch.cache["paged_attention"])
+    batch.cache.clear()
+    monkeypatch.setattr(attention, "_group_meta", ag._masked(attention._group_meta))
+    masked = paged_attention(q, k, v, batch, 0.3)
+    assert all(not m.causal and m.mask is not None for _, m in batch.cache["paged_attention"])
+    torch.testing.assert_close(masked, causal, atol=1e-5, rtol=1e-5)

@@ -57,16 +57,16 @@ def _run(loaded, proposer, n_micro: int, prompts, args):
     from actors.sampling_params import SamplingParams
     from cluster.config import EngineConfig, SpeculativeConfig
     from cluster.engine import LLMEngine
-    from cluster.overlap import OverlapStepper
 
-    spec = SpeculativeConfig(method="ngram", num_spec_tokens=args.spec_tokens)  # budget; drafts come from workers
+    # fixed K (the budget; drafts come from the workers): the comparison is of the overlap alone
+    spec = SpeculativeConfig(method="ngram", num_spec_tokens=args.spec_tokens, adaptive=False)
     eng = LLMEngine(EngineConfig(model=args.model, speculative=spec, num_threads=args.target_threads), loaded=loaded)
     eng.proposer = proposer
-    stepper = OverlapStepper(eng, n_micro)
-    stepper.generate(prompts[:2], SamplingParams(max_tokens=8, ignore_eos=True), chat=True)  # warm-up
+    stepper = eng.set_draft_overlap(n_micro)
+    eng.generate(prompts[:2], SamplingParams(max_tokens=8, ignore_eos=True), chat=True)  # warm-up
     stepper.timings.clear()
     t0 = time.perf_counter()
-    outs = stepper.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True), chat=True)
+    outs = eng.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True), chat=True)
     wall = time.perf_counter() - t0
     proposer.flush()
     tokens = sum(len(o.token_ids) for o in outs)

@@ -12,7 +12,6 @@ from time import perf_counter as _now
 
 import torch
 
-from actors.drafter import DraftRequest
 from actors.eagle.proposer import observe_committed
 from actors.kv_service import KVService
 from actors.logprobs import record_logprobs
@@ -20,10 +19,11 @@ from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
-from actors.spec_policy import DecodeSlot, SpecPolicy
-from actors.tree import TokenTree, expansion_num_nodes
+from actors.spec_policy import SpecPolicy
+from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 from cluster.config import EngineConfig
+from cluster.drafting import DraftPlanning
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
@@ -33,7 +33,7 @@ from cluster.runtime import kv_blocks_for, resolve_device_dtype
 log = logging.getLogger("specray.engine")
 
 
-class LLMEngine:
+class LLMEngine(DraftPlanning):
     def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None,
                  proposer=None, metrics: EngineMetrics | None = None, spec_policy: SpecPolicy | None = None):
         """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
@@ -82,9 +82,15 @@ class LLMEngine:
         self.max_verifier_restarts = 3
         self._overlap = None
         if config.draft_overlap_micro_batches > 1 and self.proposer is not None:
-            from cluster.overlap import OverlapStepper
+            self.set_draft_overlap(config.draft_overlap_micro_batches)
 
-            self._overlap = OverlapStepper(self, config.draft_overlap_micro_batches)
+    def set_draft_overlap(self, num_micro_batches: int | None):
+        """Verify each step in ``num_micro_batches`` parts whose drafts overlap (cluster/overlap.py;
+        1 = one part, timed the same way; None = the plain step). Returns the stepper (its timings)."""
+        from cluster.overlap import OverlapStepper
+
+        self._overlap = None if num_micro_batches is None else OverlapStepper(self, num_micro_batches)
+        return self._overlap
 
     @property
     def allocator(self):
@@ -122,8 +128,12 @@ class LLMEngine:
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self._overlap is not None:  # drafts of one micro-batch overlap verification of another
-            return self._overlap.step()
+        # drafts of one micro-batch overlap verification of another (cluster/overlap.py), or one go
+        return self.run_step(self._overlap.verify_in_flight if self._overlap is not None else self._draft_and_verify)
+
+    def run_step(self, run) -> list[RequestOutput]:
+        """One step: schedule, ``run(scheduled)`` drafts and verifies it (False: the verifier was
+        restarted and every running request re-queued), then the outputs of the sequences that moved."""
         if self.spec_policy is not None:
             self._sources = {}
             self.spec_policy.begin_step()
@@ -133,13 +143,27 @@ class LLMEngine:
             self._release_draft(seq)
         if not sched.scheduled:
             return []
+        prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
+        if not run(sched.scheduled):
+            return []
+        return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
+                if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
+
+    def _draft_and_verify(self, scheduled: list[ScheduledSeq]) -> bool:
         t0 = _now()
-        trees = self._propose(sched.scheduled)
+        trees = self._propose(scheduled)
+        return self.verify_part(scheduled, trees, _now() - t0 if trees else None)
+
+    def verify_part(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], draft_s: float | None) -> bool:
+        """One target forward over ``part`` (all or a micro-batch of the step) with its draft trees,
+        verification and the cost/acceptance bookkeeping; ``draft_s``: what drafting cost the step.
+        A failed forward re-queues everything on a restarted verifier (returns False), else finishes
+        ``part``'s requests with a clear error."""
         t1 = _now()
         # the drafted sequences' sources, read before _apply appends tokens (the policy's cost tables)
-        drafted = ({self._draft_source(s.seq) for s in sched.scheduled if s.seq.seq_id in trees}
+        drafted = ({self._draft_source(s.seq) for s in part if s.seq.seq_id in trees}
                    if self.spec_policy is not None else set())
-        chunks, rows, spans = self._plan_forward(sched.scheduled, trees)
+        chunks, rows, spans = self._plan_forward(part, trees)
         hidden = None
         try:
             if self._needs_hidden:  # an EAGLE-style proposer reads the target's features
@@ -149,24 +173,24 @@ class LLMEngine:
         except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
             log.exception("target forward failed")
             if self._restart_verifier():
-                return []
-            return [self._finish_now(s.seq, "error", f"target forward failed: {e}") for s in sched.scheduled]
-        prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
-        computed = {s.seq.seq_id: s.seq.num_computed for s in sched.scheduled}
-        self._apply(sched.scheduled, trees, spans, logits)
+                return False
+            for s in part:
+                self._finish_now(s.seq, "error", f"target forward failed: {e}")
+            return True
+        computed = {s.seq.seq_id: s.seq.num_computed for s in part}
+        self._apply(part, trees, spans, logits)
         if hidden is not None:
-            observe_committed(self.proposer, sched.scheduled, chunks, trees, computed, hidden)
+            observe_committed(self.proposer, part, chunks, trees, computed, hidden)
         t2 = _now()
-        self.metrics.observe_step(t1 - t0 if trees else None, t2 - t1)
+        self.metrics.observe_step(draft_s, t2 - t1)
         if self.spec_policy is not None:
             # decode-only steps: a forward that is mostly one prefill chunk is cheaper per token than
             # the same number of tokens spread over many sequences, and would make drafts look free
-            if all(s.is_decode for s in sched.scheduled):
+            if all(s.is_decode for s in part):
                 self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1, len(chunks))
-            if trees:
-                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), t1 - t0, drafted)
-        return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
-                if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
+            if trees and draft_s is not None:
+                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), draft_s, drafted)
+        return True
 
     def _restart_verifier(self) -> bool:
         """A restartable verifier (a TP shard group) lost a rank: restart the whole group and
@@ -183,72 +207,6 @@ class LLMEngine:
         for seq in self.scheduler.requeue_all():
             self._release_draft(seq)
         return True
-
-    def _drafts_would_shrink_prefill(self) -> bool:
-        """Prefill before drafts: when the step's token budget cannot hold the waiting prompts
-        and every decoding sequence's full draft, the policy's sequences draft nothing this step
-        (their reserved tokens would otherwise be taken from prefill chunks, before the policy
-        could weigh them)."""
-        return self.scheduler.drafts_would_shrink_prefill(1 + expansion_num_nodes(self.config.speculative.expansion))
-
-    def _spec_budget(self, seq: Sequence) -> int:
-        policy = self.spec_policy
-        free = policy is not None and seq.params.spec_tokens is None
-        if free and (self._hold_drafts or not policy.reserve(seq.seq_id, self._draft_source(seq))):
-            return 0
-        return expansion_num_nodes(self._expansion_for(seq, None))
-
-    def _draft_source(self, seq: Sequence) -> str | None:
-        """The proposer's kind of draft for ``seq`` now (its estimates are kept per kind), once per
-        step and sequence: scheduling and depth choice see the same tokens."""
-        key = (seq.seq_id, seq.num_tokens)
-        if key not in self._sources:
-            classify = getattr(self.proposer, "draft_source", None)
-            try:
-                self._sources[key] = "" if classify is None else classify(seq.token_ids)
-            except Exception:  # a failing proposer is handled (plain decoding) where it proposes
-                self._sources[key] = ""
-        return self._sources[key]
-
-    def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
-        if self.proposer is None:
-            return []
-        k = seq.params.spec_tokens
-        exp = [1] * k if k is not None else self.config.speculative.expansion
-        exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
-        while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
-            exp = exp[:-1]
-        return exp
-
-    def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, TokenTree]:
-        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
-        cands = [(s, exp) for s, exp in cands if exp]
-        if self.spec_policy is not None and cands:
-            cands = self._adapt_depths(scheduled, cands)
-        reqs = []
-        for s, exp in cands:
-            seq = s.seq
-            reqs.append(DraftRequest(seq.seq_id, seq.token_ids, exp, s.num_spec, seq.params,
-                                     seq.generator, self.scheduler.block_tables[seq.seq_id]))
-        trees: dict[int, TokenTree] = {}
-        if reqs:
-            try:
-                for r, t in zip(reqs, self.proposer.propose(reqs), strict=True):
-                    if t.tokens[0] == r.token_ids[-1] and t.size - 1 <= r.max_nodes:
-                        trees[r.seq_id] = t
-            except Exception as e:  # speculation failure degrades to plain decoding
-                self.num_proposer_failures += 1
-                log.warning("proposer %s failed (%s); decoding this step without speculation",
-                            getattr(self.proposer, "name", "?"), e, exc_info=self.num_proposer_failures == 1)
-        return trees
-
-    def _adapt_depths(self, scheduled, cands):
-        """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
-        slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
-                            source=self._draft_source(s.seq)) for s, exp in cands]
-        depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
-                                         base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
-        return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]
 
     def _plan_forward(self, scheduled, trees):
         """Per sequence: its chunk, and (first row, row count) of the logits it needs."""

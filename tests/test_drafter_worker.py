@@ -148,23 +148,41 @@ def test_two_merged_workers_are_lossless(concurrency, merged, tiny_target_dir, t
 
 @pytest.mark.ray
 def test_overlapped_micro_batches_are_lossless(merged, tiny_target_dir, tiny_prompts, tiny_baseline):
-    from cluster.overlap import OverlapStepper
-
     eng = _engine(tiny_target_dir, merged)
-    stepper = OverlapStepper(eng, num_micro_batches=2)
-    outs = stepper.generate(tiny_prompts, GREEDY)
+    stepper = eng.set_draft_overlap(2)
+    outs = eng.generate(tiny_prompts, GREEDY)
     assert _ids(outs) == tiny_baseline
     assert sum(o.num_draft_tokens for o in outs) > 0
     assert max(len(t.micro) for t in stepper.timings) == 2
     assert all(m.draft_compute_s >= 0 and m.verify_s > 0 for t in stepper.timings for m in t.micro)
     _assert_workers_clean(merged)
-    # the same through the engine's own config knob and step()
+    # the same through the engine's own config knob
     from cluster.engine import LLMEngine
 
     knob = eng.config.model_copy(update={"draft_overlap_micro_batches": 2})
     eng2 = LLMEngine(knob, loaded=eng.loaded, proposer=merged)
     assert _ids(eng2.generate(tiny_prompts, GREEDY)) == tiny_baseline
     assert max(len(t.micro) for t in eng2._overlap.timings) == 2
+    _assert_workers_clean(merged)
+
+
+@pytest.mark.ray
+def test_overlapped_steps_run_the_adaptive_policy(merged, tiny_target_dir, tiny_prompts, tiny_baseline):
+    """Overlap is only the verification half of the engine's step: the policy begins every step
+    (its per-step memo stays one step's worth), learns verify and draft costs per micro-batch and
+    chooses the depths the workers draft."""
+    eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)
+    eng.proposer = merged
+    stepper = eng.set_draft_overlap(2)
+    policy, steps, seen = eng.spec_policy, [], []
+    begin = policy.begin_step
+    policy.begin_step = lambda: (steps.append(1), seen.append(len(eng._sources)), begin())[-1]
+    outs = eng.generate(tiny_prompts, GREEDY, concurrency=4)
+    assert _ids(outs) == tiny_baseline
+    assert len(steps) >= len(stepper.timings) > 0
+    assert max(seen) <= 4, "the draft-source memo outlived its step"
+    assert policy.verify_cost.measured and policy.draft_cost.measured
+    assert sum(o.num_draft_tokens for o in outs) > 0
     _assert_workers_clean(merged)
 
 

@@ -1,12 +1,12 @@
-"""How fast one pass over a decoder's weights is for 1 to ``MAX_ROWS`` (12) rows, per way of doing
-the products: the measurement behind ``kernels.cpu_linear.PLAN``.
+"""How fast one pass over a decoder's weights is per row count, ``F.linear`` against
+``kernels.cpu_linear.linear`` (oneDNN over reordered weights): the measurement behind that module.
 
-    python -m benchmarks.cpu_linear [--threads 2] [--reps 9] [--layers 30 --hidden 576 ...]
+    python -m benchmarks.cpu_linear [--threads 2] [--reps 9] [--rows 1,2,4,8,16,32,64] [--dtype float32]
+                                    [--layers 30 --hidden 576 ...]
 
-Random fp32 weights of the default model's shapes (fused qkv, o, fused gate_up, down per layer,
-then the LM head), far larger than the caches together, as in a decode step. Prints the median ms
-of a pass for ``F.linear`` with M rows, for one ``W @ x^T`` product of each width, and for the
-plan's products, with the GB/s each reaches.
+Random weights of the default model's shapes (fused qkv, o, fused gate_up, down per layer, then the
+LM head), far larger than the caches together, as in a decode step. Prints the median ms of a pass
+and the GB/s of weights it streams, for each row count (decode batch, or tokens verified at once).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_linear import MAX_ROWS, linear
+from benchmarks.options import parse_int_list
+from kernels.cpu_linear import linear
 
 
 def weight_shapes(layers: int, hidden: int, intermediate: int, q_size: int, kv_size: int,
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.cpu_linear", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--rows", default="1,2,4,6,8,12,16,32,64,256")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--intermediate", type=int, default=1536)
@@ -49,27 +52,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab", type=int, default=49152)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
     shapes = weight_shapes(a.layers, a.hidden, a.intermediate, a.q_size, a.kv_size, a.vocab)
-    weights = [torch.randn(o, i) for o, i in shapes]
-    mbytes = sum(w.numel() for w in weights) * 4 / 1e6
-    print(f"{len(weights)} matrices, {mbytes:.0f} MB fp32, {a.threads} threads, median of {a.reps}")
-
-    def inputs(rows: int) -> dict[int, torch.Tensor]:
-        return {i: torch.randn(rows, i) for i in {i for _, i in shapes}}
-
-    def row(label: str, ms: float) -> str:
-        return f"| {label} | {ms:.1f} | {mbytes / ms:.1f} |"
-
-    print("\n| product | ms per pass | GB/s |\n|---|---|---|")
-    for width in range(1, MAX_ROWS + 1):
-        xs = inputs(width)
-        print(row(f"W @ x^T, {width} columns", median_ms(lambda: [torch.mm(w, xs[w.shape[1]].t()) for w in weights], a.reps)))
-    print("\n| rows | F.linear ms | plan ms | plan / F.linear |\n|---|---|---|---|")
-    for rows in range(1, MAX_ROWS + 1):
-        xs = inputs(rows)
-        base = median_ms(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], a.reps)
-        plan = median_ms(lambda: [linear(xs[w.shape[1]], w) for w in weights], a.reps)
-        print(f"| {rows} | {base:.1f} | {plan:.1f} | {plan / base:.2f} |")
+    weights = [torch.randn(o, i, dtype=dtype) for o, i in shapes]
+    mbytes = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    print(f"{len(weights)} matrices, {mbytes:.0f} MB {a.dtype}, {a.threads} threads, median of {a.reps}")
+    print("\n| rows | F.linear ms | GB/s | cpu_linear ms | GB/s | cpu_linear / F.linear |\n|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for rows in parse_int_list("--rows", a.rows):
+            xs = {i: torch.randn(rows, i, dtype=dtype) for i in {i for _, i in shapes}}
+            base = median_ms(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], a.reps)
+            ours = median_ms(lambda: [linear(xs[w.shape[1]], w) for w in weights], a.reps)
+            print(f"| {rows} | {base:.1f} | {mbytes / base:.1f} | {ours:.1f} | {mbytes / ours:.1f} | {ours / base:.2f} |")
 
 
 if __name__ == "__main__":

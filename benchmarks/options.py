@@ -119,6 +119,8 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
                    help="cap per prompt (default: each prompt's own max_tokens)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up requests per engine")
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the in-process target's dtype (auto: the engine's default for the device)")
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
                    help="KV cache size of the in-process engine (default: the engine's); high concurrency "
                         "with long prompts needs more, or the scheduler holds requests back")
@@ -138,4 +140,4 @@ def check_counts(args) -> None:
 
 def engine_options(args) -> dict:
     """EngineConfig fields set from the command line (None: the engine's default)."""
-    return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb}
+    return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb, "dtype": args.dtype}

@@ -43,6 +43,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     parts += [f"--tree {args.tree}"] if args.tree else []
     parts += [f"--max-tokens {args.max_tokens}"] if args.max_tokens else []
     parts += [f"--threads {args.threads}"] if args.threads else []
+    parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     parts += [f"--kv-cache-gb {args.kv_cache_gb:g}"] if args.kv_cache_gb else []
     parts += ["--peers"] if args.peers else []
     return " ".join(parts)

@@ -1,19 +1,21 @@
-"""y = x W^T for the few-row products of decoding and verification on CPU.
+"""y = x W^T on CPU through oneDNN with the weight reordered once into its blocked layout.
 
-At small batch a decode step multiplies 1 row (plain decoding, batch 1) or a few rows (more
-sequences, or the root plus a few draft tokens) by every weight matrix. ``F.linear`` hands such
-products to a BLAS path that, on the project's 2-core box (MKL, fp32, SmolLM2-135M's 538 MB of
-weights), streams the weights at ~15 GB/s for 1 row and re-reads them for 2-12 rows: a forward of
-2 rows cost 1.5x one of 1 row. The same product written as ``W @ x^T`` (x row-major, so x^T is a
-transposed view) with 2 or 4 columns runs at the machine's memory bandwidth, ~33 GB/s. ``PLAN``
-gives, per row count, the column counts of the products that cover the rows; a product wider than
-the rows it holds repeats its last row and drops the copies. It is what ``python -m benchmarks.cpu_linear`` measured fastest here (ms per pass
-over all 30 layers and the LM head, 2 threads; F.linear -> plan): 1 row 34.6 -> 16.4, 2 rows
-58.2 -> 16.2, 4 rows 52.3 -> 18.6, 8 rows 48.3 -> 35.3, 9 rows 62.8 -> 36.0, 12 rows 52.4 -> 43.7;
-from 13 rows on F.linear is as fast.
+``F.linear`` on CPU hands fp32 products to MKL, which on the project's 2-core AMD box streams
+SmolLM2-135M's 538 MB of weights at ~18 GB/s for 1 row, re-reads them for a few rows, and runs
+prefill-sized products at half of what the cores do (MKL takes its slower paths on non-Intel
+CPUs). oneDNN's inner-product primitive over a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, as PyTorch's own frozen CPU graphs do) reads the
+weights once per product at any row count and uses AVX-512 (and AVX512-BF16 for bf16) on any
+x86 CPU. ``python -m benchmarks.cpu_linear`` measures both on your machine; here (2 threads, ms
+per pass over all 30 layers and the LM head): fp32 1 row 30 -> 9.4, 8 rows 40 -> 12.6, 64 rows
+112 -> 44; bf16 weights 1 row 5.8, 16 rows 10.6.
 
-More rows (prefill, large batches), other devices and other dtypes keep ``F.linear``, and
-``SPECRAY_CPU_LINEAR=torch`` turns the rewrite off.
+The reordered copy is made on the first product with a weight and kept on the weight tensor; an
+in-place change of the weight (its ``_version``) makes a new one (inference tensors have no version:
+change them by making new ones). Products that need gradients,
+other devices, other dtypes, and ``SPECRAY_CPU_LINEAR=torch`` keep ``F.linear``. Each row's
+result does not depend on how many rows share the product (tested), which greedy verification
+relies on: a draft is checked against exactly what plain decoding would compute.
 """
 from __future__ import annotations
 
@@ -22,40 +24,43 @@ import os
 import torch
 import torch.nn.functional as F
 
-# rows -> widths of the products that cover them (the last one padded by repeating a row)
-PLAN: dict[int, tuple[int, ...]] = {1: (2,), 2: (2,), 3: (4,), 4: (4,), 5: (5,), 6: (6,), 7: (4, 4), 8: (4, 4),
-                                    9: (4, 5), 10: (4, 6), 11: (4, 4, 4), 12: (4, 4, 4)}
-MAX_ROWS = max(PLAN)  # above this F.linear is as fast or faster
+ENABLED = (os.environ.get("SPECRAY_CPU_LINEAR", "onednn") != "torch"  # read once: checked per product
+           and torch.backends.mkldnn.is_available())
+DTYPES = (torch.float32, torch.bfloat16)
+# The batch size the reorder is tuned for. 1 picks a layout that is slower from 2 rows on and whose
+# rows depend on the row count; 8 to 64 measured alike for 1 to 64 rows.
+PACK_HINT = 32
 
 
-ENABLED = os.environ.get("SPECRAY_CPU_LINEAR", "columns") != "torch"  # read once: checked per product
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear`` takes the reordered-weight path for this input."""
+    return (ENABLED and x.device.type == "cpu" and weight.dtype in DTYPES and x.dtype is weight.dtype
+            and x.dim() >= 2 and x.shape[-1] == weight.shape[1] and x.numel() > 0
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
-def pieces(rows: int) -> list[tuple[int, int, int]]:
-    """(start, rows, width) of the products covering ``rows`` rows: ``width - rows`` padding rows."""
-    out, start = [], 0
-    for width in PLAN[rows]:
-        n = min(width, rows - start)
-        out.append((start, n, width))
-        start += n
-    return out
-
-
-def uses_columns(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear`` takes the column form for this input."""
-    return (ENABLED and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype is torch.float32
-            and weight.dtype is torch.float32 and x.device.type == "cpu")
+def reordered(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] in oneDNN's blocked layout, made once per weight version and cached on it."""
+    version = -1 if weight.is_inference() else weight._version  # inference tensors keep no version
+    cached = getattr(weight, "_specray_onednn", None)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
+    weight._specray_onednn = (version, packed)
+    return packed
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: x [M, in], weight [out, in], bias [out] -> [M, out]."""
-    if not uses_columns(x, weight):
+    """``F.linear(x, weight, bias)``: x [..., in], weight [out, in], bias [out] -> [..., out]."""
+    if not uses_onednn(x, weight) or (bias is not None and bias.dtype is not weight.dtype):
         return F.linear(x, weight, bias)
-    parts = []
-    for start, n, width in pieces(x.shape[0]):
-        piece = x[start:start + n]  # row-major [n, in]: its transpose is the fast operand
-        if width > n:
-            piece = torch.cat([piece, piece[-1:].expand(width - n, -1)])
-        parts.append(torch.mm(weight, piece.t())[:, :n])  # [out, n]
-    y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).t().contiguous()  # [M, out]
-    return y if bias is None else y.add_(bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 1:  # oneDNN's 1-row kernel sums in another order: take the multi-row one
+        return _product(rows.expand(2, -1), weight, bias)[:1].view(*x.shape[:-1], -1)
+    return _product(rows, weight, bias).view(*x.shape[:-1], -1)
+
+
+def _product(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows [M >= 2, in] -> [M, out]."""
+    return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), reordered(weight), bias, "none", [], "")

@@ -53,6 +53,11 @@ class Proposer(ABC):
         match is right far more often than after a 1-token one."""
         return self.name
 
+    def nodes_per_depth(self, source: str | None) -> int:
+        """Draft nodes per depth of what this proposer drafts from ``source`` (a dynamic tree of
+        width w: w; a chain: 1): what the engine reserves and the adaptive policy pays for."""
+        return 1
+
 
 class NgramProposer(Proposer):
     """Prompt lookup: find the longest suffix (``n_max`` down to ``n_min`` tokens) that occurred
@@ -118,6 +123,9 @@ class MergedProposer(Proposer):
     def __init__(self, proposers: list[Proposer]):
         self.proposers = proposers
 
+    def nodes_per_depth(self, source: str | None) -> int:
+        return max(p.nodes_per_depth(source) for p in self.proposers)
+
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         per = [p.propose(reqs) for p in self.proposers]
         return [truncate_tree(merge_trees([t[i] for t in per]), r.max_nodes) for i, r in enumerate(reqs)]
@@ -145,6 +153,9 @@ class FallbackProposer(Proposer):
     def draft_source(self, token_ids: list[int]) -> str | None:
         src = self.first.draft_source(token_ids)
         return src if src is not None else self.second.draft_source(token_ids)
+
+    def nodes_per_depth(self, source: str | None) -> int:
+        return max(self.first.nodes_per_depth(source), self.second.nodes_per_depth(source))
 
     def observe(self, seq_id: int, start: int, features) -> None:
         for p in (self.first, self.second):

@@ -102,6 +102,7 @@ def attach_ratios(peers: list[PeerResult], rows: list[dict]) -> None:
     """specray/peer: the counterpart's tokens/s at concurrency 1, temperature 0, same K."""
     ours = {(r["method"], r["spec_tokens"]): r["tokens_per_s"] for r in rows  # fixed K only: an
             if r["concurrency"] == 1 and r["temperature"] == 0 and r["tree"] is None  # adaptive row has
+            and r.get("tree_width", 1) == 1
             and not str(r.get("spec", "")).startswith("auto")}  # spec_tokens = its cap, not a K
     for p in peers:
         if p.tokens_per_s is None:

@@ -33,17 +33,25 @@ class Group:
     variants: tuple[Variant, ...]
 
 
+def grows_trees(method: str) -> bool:
+    """Methods whose draft can grow dynamic trees (an EAGLE head)."""
+    return method in ("default", "eagle") or method.startswith("eagle:")
+
+
 def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,
-                adaptive: bool = False) -> list[Group]:
-    """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens)."""
+                adaptive: bool = False, tree_widths: tuple[int, ...] = (1,)) -> list[Group]:
+    """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens);
+    tree_widths: for EAGLE methods, one group per width (1 = chains)."""
     groups = [Group(BASELINE, (Variant(),))]
     for m in methods:
         if m == BASELINE:
             continue
-        variants = [Variant(spec_tokens=k) for k in spec_tokens]
-        if adaptive:
-            variants.append(Variant(spec_tokens=max(spec_tokens, default=DEFAULT_MAX_K), adaptive=True))
-        groups.append(Group(m, tuple(variants)))
+        for w in tree_widths if grows_trees(m) else (1,):
+            variants = [Variant(spec_tokens=k, tree_width=w) for k in spec_tokens]
+            if adaptive:
+                variants.append(Variant(spec_tokens=max(spec_tokens, default=DEFAULT_MAX_K), adaptive=True,
+                                        tree_width=w))
+            groups.append(Group(m, tuple(variants)))
         if tree:
             groups.append(Group(m, (Variant(tree=tree),)))
     return groups

@@ -23,6 +23,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(an EAGLE head file) | path of a draft model")
     p.add_argument("--spec-tokens", type=int, default=5, help="K: draft tokens per step (chain)")
     p.add_argument("--tree", default=None, help="expansion config, e.g. 1,1,3,1,1 (replaces the chain)")
+    p.add_argument("--tree-width", type=int, default=1, metavar="W",
+                   help="EAGLE drafts (--draft default/eagle): a dynamic tree keeping the W likeliest candidates per "
+                        "depth, up to W x K nodes, instead of a chain (1)")
     p.add_argument("--fixed-spec", action="store_true",
                    help="always draft the full K / tree (default: adapt each sequence's depth, 0..K, to measured "
                         "acceptance and draft/verify cost)")
@@ -78,7 +81,8 @@ def engine_config_from_args(args):
     from cluster.config import EngineConfig, SpeculativeConfig
 
     spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, args.tree,
-                                            adaptive=not getattr(args, "fixed_spec", False))
+                                            adaptive=not getattr(args, "fixed_spec", False),
+                                            tree_width=getattr(args, "tree_width", 1))
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,

@@ -17,7 +17,9 @@ class SpeculativeConfig(BaseModel):
     ``tree`` (an expansion config such as 1,1,3,1,1) replaces the chain with a token tree.
     ``eagle_head``: an EAGLE head file (actors/eagle); None = the head committed for the model.
     ``lookup_first``: draft by prompt lookup where a suffix of >= 2 tokens recurs and by the
-    proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head)."""
+    proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head).
+    ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
+    likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +32,7 @@ class SpeculativeConfig(BaseModel):
     lookup_first: bool = False
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
+    tree_width: int = Field(1, ge=1, le=8)
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
     adaptive: bool = True
@@ -45,6 +48,10 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("method 'layerskip' needs layerskip_layers (use --draft layerskip:N)")
         if self.method == "draft" and not self.draft_model:
             raise ValueError("method 'draft' needs draft_model (a local path)")
+        if self.tree_width > 1 and (self.method != "eagle" or self.tree is not None):
+            raise ValueError(f"tree_width={self.tree_width} grows dynamic trees with an EAGLE head: use it with "
+                             f"--draft default/eagle and without a fixed tree (got method {self.method!r}"
+                             + (f", tree {self.tree}" if self.tree is not None else "") + ")")
         return self
 
     @property
@@ -57,16 +64,16 @@ class SpeculativeConfig(BaseModel):
 
     @property
     def max_nodes(self) -> int:
-        return expansion_num_nodes(self.expansion) if self.expansion else 0
+        return expansion_num_nodes(self.expansion) * self.tree_width if self.expansion else 0
 
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
-                       adaptive: bool = True) -> "SpeculativeConfig":
+                       adaptive: bool = True, tree_width: int = 1) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
         where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head
         alone), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
         draft = (draft or "none").strip()
-        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive)
+        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive, tree_width=tree_width)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in ("default", "eagle"):

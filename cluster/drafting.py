@@ -31,7 +31,15 @@ class DraftPlanning:
         free = policy is not None and seq.params.spec_tokens is None
         if free and (self._hold_drafts or not policy.reserve(seq.seq_id, self._draft_source(seq))):
             return 0
-        return expansion_num_nodes(self._expansion_for(seq, None))
+        exp = self._expansion_for(seq, None)
+        return expansion_num_nodes(exp) * self._nodes_per_depth(seq, exp)
+
+    def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
+        """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
+        fixed trees)."""
+        if not exp or any(w != 1 for w in exp) or self.config.speculative.tree_width == 1:
+            return 1
+        return self.proposer.nodes_per_depth(self._draft_source(seq))
 
     def _draft_source(self, seq: Sequence) -> str | None:
         """The proposer's kind of draft for ``seq`` now (its estimates are kept per kind), once per
@@ -62,8 +70,10 @@ class DraftPlanning:
         cands = [(s, exp) for s, exp in cands if exp]
         if self.spec_policy is not None and cands:
             cands = self._adapt_depths(scheduled, cands)
-        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, exp, s.num_spec, s.seq.params, s.seq.generator,
-                             self.scheduler.block_tables[s.seq.seq_id]) for s, exp in cands]
+        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, exp,
+                             min(s.num_spec, expansion_num_nodes(exp) * self._nodes_per_depth(s.seq, exp)),
+                             s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
+                for s, exp in cands]
 
     @staticmethod
     def accept_trees(reqs: list[DraftRequest], trees: list[TokenTree]) -> dict[int, TokenTree]:
@@ -91,7 +101,8 @@ class DraftPlanning:
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
-                            source=self._draft_source(s.seq)) for s, exp in cands]
+                            source=self._draft_source(s.seq), width=self._nodes_per_depth(s.seq, exp))
+                 for s, exp in cands]
         depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
                                          base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]

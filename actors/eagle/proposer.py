@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from actors.drafter import DraftRequest, Proposer
+from actors.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top
 from actors.tree import TokenTree
@@ -49,8 +50,10 @@ class _SeqState:
                 new[:, : old.shape[1]] = old
                 setattr(self, name, new)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: int) -> torch.Tensor:
-        """Write k, v [n, nkv, d] at cache index ``at``; q [n, nh, d] attends causally -> [n, nh * d].
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: int,
+               visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Write k, v [n, nkv, d] at cache index ``at``; q [n, nh, d] attends causally, or to the
+        entries ``visible`` [n, at + n] bool marks (tree nodes: context, ancestors, self) -> [n, nh * d].
         The query heads sharing a KV head are folded into the query axis (K/V never repeated)."""
         n, nh, d = q.shape
         nkv = k.shape[1]
@@ -58,9 +61,10 @@ class _SeqState:
         self.reserve(at + n)
         self.k[:, at: at + n], self.v[:, at: at + n] = k.transpose(0, 1), v.transpose(0, 1)
         qf = q.view(n, nkv, g, d).transpose(0, 1).reshape(nkv, n * g, d)  # row i * g + j: token i, head j
-        mask = None
-        if n > 1:
+        mask = visible
+        if mask is None and n > 1:
             mask = torch.ones(n, at + n, dtype=torch.bool, device=q.device).tril(diagonal=at)
+        if mask is not None:
             mask = mask.repeat_interleave(g, dim=0)
         out = F.scaled_dot_product_attention(qf, self.k[:, : at + n], self.v[:, : at + n], attn_mask=mask)
         return out.view(nkv, n, g, d).transpose(0, 1).reshape(n, nh * d)
@@ -70,8 +74,12 @@ class EagleProposer(Proposer):
     name = "eagle"
     needs_hidden = True  # the engine must call observe() with the target's features
 
-    def __init__(self, head: EagleHead):
-        self.head = head
+    def __init__(self, head: EagleHead, tree_width: int = 1):
+        """tree_width > 1: greedy and seeded requests get a dynamic tree (actors/dynamic_tree.py)
+        keeping that many candidates per depth, up to tree_width x depth nodes."""
+        if tree_width < 1:
+            raise ValueError(f"tree_width={tree_width}: must be at least 1")
+        self.head, self.tree_width = head, tree_width
         c = head.cfg
         self.kv_shape = (c.num_kv_heads, c.head_dim)
         self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
@@ -96,6 +104,14 @@ class EagleProposer(Proposer):
         if not live:
             return trees
         feats, idx = self._catch_up([reqs[i] for i in live])  # [B, H] f̂ after the last committed entry
+        dyn = [j for j, i in enumerate(live) if self.grows_tree(reqs[i])]
+        if dyn:
+            for j, tree in zip(dyn, self._grow_trees([reqs[live[j]] for j in dyn], feats[dyn], [idx[j] for j in dyn])):
+                trees[live[j]] = tree
+            keep = [j for j in range(len(live)) if j not in set(dyn)]
+            if not keep:
+                return trees
+            live, idx, feats = [live[j] for j in keep], [idx[j] for j in keep], feats[keep]
         tips = [0] * len(live)
         depth = 0
         while True:
@@ -163,8 +179,7 @@ class EagleProposer(Proposer):
                 nodes = [tree.add(tips[j], t) for t in picks]
             else:
                 p = r.params
-                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
-                q = q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, vocab, q_small)
+                q_small, q = self._draft_q(logits[j], p)
                 if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
                     picks = vocab[torch.multinomial(q_small, width, replacement=True, generator=r.generator)].tolist()
                 else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
@@ -173,6 +188,90 @@ class EagleProposer(Proposer):
             tips[j] = nodes[0]
             nxt.append(picks[0])
         return nxt
+
+    def _draft_q(self, logits: torch.Tensor, p) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [Vd] of the head -> the request's draft distribution q over the draft vocabulary
+        [Vd] and over the target's whole vocabulary [V] (0 outside the draft vocabulary)."""
+        q_small = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)
+        return q_small, q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, self.head.draft_vocab, q_small)
+
+    # ---- dynamic trees ---------------------------------------------------------------------------
+    def grows_tree(self, r: DraftRequest) -> bool:
+        """Dynamic tree for this request: a width > 1, a budget beyond a chain, and drafts the
+        target checks deterministically (greedy, or seeded: the race decides, q plays no part)."""
+        return (self.tree_width > 1 and r.max_nodes > len(r.expansion) and all(w == 1 for w in r.expansion)
+                and (r.params.greedy or r.params.seed is not None))
+
+    def nodes_per_depth(self, source: str | None) -> int:
+        return self.tree_width if source == self.name else 1
+
+    def nodes_for(self, depth: int) -> int:
+        """Draft nodes of a dynamic tree of ``depth`` (what the engine reserves and verifies)."""
+        return depth * self.tree_width
+
+    def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, idx: list[int]) -> list[TokenTree]:
+        """feats [B, H]: f̂ after each request's last committed entry; idx: the cache index of its
+        first speculative entry. One batched head forward per depth over every frontier node."""
+        w = self.tree_width
+        pools = [DraftPool(r.token_ids[-1]) for r in reqs]
+        rows = [(j, -1) for j in range(len(reqs))]  # (request, pool node whose children the row scores)
+        entry = [dict() for _ in reqs]  # pool node -> its head entry's cache index
+        nxt = list(idx)
+        for depth in range(max(len(r.expansion) for r in reqs)):
+            added = [[] for _ in reqs]
+            for (j, parent), cands in zip(rows, self._candidates(feats, rows, reqs, depth)):
+                added[j] += [pools[j].add(parent, tok, lp) for tok, lp in cands]
+            grow = [j for j, r in enumerate(reqs) if depth + 1 < len(r.expansion)]
+            front = [(j, c) for j in grow for c in pools[j].best(added[j], w)]
+            if not front:
+                break
+            src = {row: i for i, row in enumerate(rows)}
+            feats = self._tree_step(front, feats[[src[(j, pools[j].parents[c])] for j, c in front]],
+                                    pools, reqs, idx, entry, nxt)
+            rows = front
+        return [p.to_tree(min(r.max_nodes, self.nodes_for(len(r.expansion)))) for p, r in zip(pools, reqs)]
+
+    def _candidates(self, feats, rows, reqs, depth) -> list[list[tuple[int, float]]]:
+        """Per row: the ``tree_width`` best next tokens and their draft log-probabilities."""
+        logits = self.head.logits(feats).float()  # [R, Vd]
+        vocab, w = self.head.draft_vocab, self.tree_width
+        out = []
+        for row, (j, _) in enumerate(rows):
+            r = reqs[j]
+            if r.params.greedy:
+                top = torch.log_softmax(logits[row], -1).topk(w)
+                out.append(list(zip(vocab[top.indices].tolist(), top.values.tolist())))
+                continue
+            q = self._draft_q(logits[row], r.params)[1]
+            picks = race_top(q, r.params.seed, r.root_position + depth + 1, w)
+            out.append([(t, float(q[t].clamp_min(1e-30).log())) for t in picks])
+        return out
+
+    def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> torch.Tensor:
+        """Head entries for the frontier nodes ``front`` [(request, pool node)] from their parents'
+        feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H]."""
+        toks = torch.tensor([pools[j].tokens[c] for j, c in front], device=self.device)
+        pos = torch.tensor([reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front], device=self.device)
+        head = self.head
+        h = head.entry(toks, feats)
+        q, k, v = head.qkv_rope(h, pos)
+        outs = []  # front lists each request's nodes together, requests in order
+        for j in dict.fromkeys(j for j, _ in front):
+            rows = [i for i, (jj, _) in enumerate(front) if jj == j]
+            at, n = nxt[j], len(rows)
+            visible = torch.zeros(n, at + n, dtype=torch.bool, device=self.device)
+            visible[:, : idx[j]] = True
+            for i, row in enumerate(rows):
+                c = front[row][1]
+                entry[j][c] = at + i
+                anc = pools[j].parents[c]
+                while anc >= 0:
+                    visible[i, entry[j][anc]] = True
+                    anc = pools[j].parents[anc]
+                visible[i, at + i] = True
+            outs.append(self.states[reqs[j].seq_id].attend(q[rows], k[rows], v[rows], at, visible))
+            nxt[j] = at + n
+        return head.finish(h, torch.cat(outs))
 
 
 def observe_committed(proposer, scheduled, chunks, trees: dict[int, TokenTree], computed: dict[int, int],
@@ -200,7 +299,7 @@ def observe_committed(proposer, scheduled, chunks, trees: dict[int, TokenTree], 
         start += len(chunk.token_ids)
 
 
-def build_eagle_proposer(head_path: str | None, model: str, verifier) -> EagleProposer:
+def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1) -> EagleProposer:
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
@@ -220,4 +319,4 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier) -> EaglePr
     # bf16 whatever the target's dtype: the head is memory-bound at batch 1, and on the 2-core CPU
     # its 8,192-row LM head takes 0.8 ms in bf16 vs 2.3 ms in fp32 per draft token
     head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
-    return EagleProposer(head.attach(target, f"target {model!r}"))
+    return EagleProposer(head.attach(target, f"target {model!r}"), tree_width)

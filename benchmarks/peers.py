@@ -4,7 +4,10 @@ output budgets and the same weights (loaded from the converted HF directory), ba
 - plain greedy decoding, the counterpart of specray's ``none``;
 - prompt lookup (``prompt_lookup_num_tokens=K``), the counterpart of ``ngram`` at the same K;
 - assisted generation with the same draft model (``assistant_model=``, K constant drafts per
-  step), the counterpart of a draft-model method; other methods have no transformers equivalent.
+  step), the counterpart of a draft-model method;
+- self-speculation with the target's first N layers (``assistant_early_exit=N``, K constant
+  drafts per step), the counterpart of ``layerskip:N``; other methods have no transformers
+  equivalent (an EAGLE head is not a model transformers can assist with).
 
 Each peer is reported with the ratio specray/peer of whole-set tokens/s, specray measured at
 concurrency 1 and temperature 0 (what the peer does).
@@ -81,17 +84,41 @@ def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, me
     for m in methods:
         if m == BASELINE or m == "ngram":
             continue
+        if m.startswith("layerskip:"):
+            results += _early_exit_peers(target, run, m, spec_tokens)
+            continue
         if not is_draft_model(m):
             results.append(PeerResult("transformers.assisted", m, None,
                                       note=f"skipped: {m!r} is not a draft model, assisted generation needs one"))
             continue
         assistant = _hf_model(m)
         for k in spec_tokens:
-            assistant.generation_config.num_assistant_tokens = k
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            assistant.generation_config.assistant_confidence_threshold = 0.0
+            _constant_drafts(assistant.generation_config, k)
             results.append(_result("transformers.assisted", m, k, *run(assistant_model=assistant)))
     return results
+
+
+def _constant_drafts(config, k: int) -> None:
+    """K drafts every step, as specray's fixed-K runs (transformers' default schedule adapts K)."""
+    config.num_assistant_tokens = k
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+
+
+def _early_exit_peers(target, run, method: str, spec_tokens: list[int]) -> list[PeerResult]:
+    """transformers' self-speculation from the target's first N layers: the same draft as
+    specray's ``layerskip:N``."""
+    n = int(method.partition(":")[2])
+    saved = target.generation_config.to_dict()
+    out = []
+    try:
+        for k in spec_tokens:
+            _constant_drafts(target.generation_config, k)
+            out.append(_result("transformers.early_exit", method, k, *run(assistant_early_exit=n)))
+    finally:
+        for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+            setattr(target.generation_config, key, saved.get(key))
+    return out
 
 
 def _result(peer: str, counterpart: str, k: int | None, ntok: int, wall: float) -> PeerResult:

@@ -3,9 +3,9 @@ every weight once allows, and what that means in tokens/s for a given tokens-per
 
     python -m benchmarks.roofline [--model smollm2-135m] [--threads 2] [--tpot-ms 38.6] [--tokens-per-step 1,2,3]
 
-Bandwidth is measured three ways on a buffer far larger than the caches (a copy, a sum, a matrix
-times a vector, each the best of ``--reps``); the roofline uses the mat-vec figure, which is what a
-decode step does. Weight bytes are the model's parameters (tied embeddings counted once) in
+Bandwidth is measured four ways on a buffer far larger than the caches (a copy, a sum, a matrix
+times a vector through ``torch.mv`` and through the engine's own product ``kernels.cpu_linear``,
+each the best of ``--reps``); the roofline uses the faster mat-vec, which is what a decode step does. Weight bytes are the model's parameters (tied embeddings counted once) in
 ``--dtype``. With ``--tpot-ms`` it also prints where a measured TPOT stands against the bound.
 """
 from __future__ import annotations
@@ -30,7 +30,10 @@ def _best_seconds(fn, reps: int) -> float:
 
 
 def measure_bandwidth(mbytes: int = 512, reps: int = 5) -> dict[str, float]:
-    """GB/s of copy (read + write counted), sum and fp32 mat-vec over ``mbytes`` MB."""
+    """GB/s of copy (read + write counted), sum and fp32 mat-vec (torch's and the engine's) over
+    ``mbytes`` MB."""
+    from kernels.cpu_linear import linear
+
     n = mbytes * 2**20 // 4
     a = torch.rand(n)
     b = torch.empty_like(a)
@@ -42,6 +45,7 @@ def measure_bandwidth(mbytes: int = 512, reps: int = 5) -> dict[str, float]:
         "copy": 2 * size / _best_seconds(lambda: b.copy_(a), reps) / 1e9,
         "sum": size / _best_seconds(lambda: a.sum(), reps) / 1e9,
         "matvec": m.numel() * 4 / _best_seconds(lambda: m @ v, reps) / 1e9,
+        "engine_matvec": m.numel() * 4 / _best_seconds(lambda: linear(v[None], m), reps) / 1e9,
     }
 
 
@@ -71,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     bw = measure_bandwidth(args.mbytes, args.reps)
     wb = weight_bytes(args.model, DTYPES[args.dtype])
-    steps = bw["matvec"] * 1e9 / wb
+    steps = max(bw["matvec"], bw["engine_matvec"]) * 1e9 / wb
     print(f"threads {torch.get_num_threads()}: copy {bw['copy']:.1f} GB/s, sum {bw['sum']:.1f} GB/s, "
-          f"mat-vec {bw['matvec']:.1f} GB/s")
+          f"mat-vec {bw['matvec']:.1f} GB/s (torch.mv), {bw['engine_matvec']:.1f} GB/s (kernels.cpu_linear)")
     print(f"{args.model} weights in {args.dtype}: {wb / 1e6:.0f} MB -> roofline {steps:.1f} steps/s "
           f"({1e3 / steps:.1f} ms per step)")
     for k in per_step:

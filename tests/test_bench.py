@@ -164,6 +164,8 @@ def test_prompt_set_names_the_bad_line(tmp_path):
     (["--max-tokens", "0"], "--max-tokens 0"),
     (["--tree", "1,0"], "--tree '1,0'"),
     (["--kv-cache-gb", "0"], "--kv-cache-gb 0.0"),
+    (["--tree-width", "1,0"], "--tree-width '1,0'"),
+    (["--tree-width", "9"], "--tree-width 9"),
 ])
 def test_bench_bad_input_one_line_exit_2(capsys, prompts_file, argv, needle):
     code, out, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), *argv)
@@ -241,13 +243,15 @@ def test_peers_plain_and_prompt_lookup_with_ratios(prompts_file):
     from benchmarks.peers import attach_ratios, run_peers
 
     prompts = load_prompt_set(prompts_file)[:2]
-    peers = run_peers("smollm2-135m", prompts, 4, ["ngram", "layerskip:4"], [2], threads=1)
+    peers = run_peers("smollm2-135m", prompts, 4, ["ngram", "layerskip:4", "default"], [2], threads=1)
     by_name = {p.peer: p for p in peers}
-    assert set(by_name) == {"transformers.generate", "transformers.prompt_lookup", "transformers.assisted"}
-    for name in ("transformers.generate", "transformers.prompt_lookup"):
+    assert set(by_name) == {"transformers.generate", "transformers.prompt_lookup", "transformers.early_exit",
+                            "transformers.assisted"}
+    for name in ("transformers.generate", "transformers.prompt_lookup", "transformers.early_exit"):
         assert 0 < by_name[name].output_tokens <= 8 and by_name[name].tokens_per_s > 0
     assert by_name["transformers.prompt_lookup"].spec_tokens == 2
-    assert "not a draft model" in by_name["transformers.assisted"].note
+    assert by_name["transformers.early_exit"].counterpart == "layerskip:4" and by_name["transformers.early_exit"].spec_tokens == 2
+    assert "not a draft model" in by_name["transformers.assisted"].note  # the EAGLE head (default)
     rows = [{"method": "none", "spec_tokens": None, "tree": None, "concurrency": 1, "temperature": 0.0,
              "tokens_per_s": 2 * by_name["transformers.generate"].tokens_per_s}]
     attach_ratios(peers, rows)
@@ -378,3 +382,22 @@ def test_spec_tokens_auto_alone_runs_only_the_adaptive_policy():
     ks, adaptive = parse_spec_tokens("3,7,auto")
     (_, ngram) = plan_groups(["ngram"], ks, adaptive=adaptive)
     assert [(v.spec_tokens, v.adaptive) for v in ngram.variants] == [(3, False), (7, False), (7, True)]
+
+
+def test_tree_widths_make_one_group_per_width_for_eagle_methods_only():
+    from benchmarks.sweep import plan_groups
+
+    groups = plan_groups(["ngram", "default", "eagle:/x.safetensors"], [5], adaptive=True, tree_widths=(1, 3))
+    got = [(g.method, [(v.label, v.tree_width) for v in g.variants]) for g in groups]
+    assert got == [("none", [("-", 1)]),
+                   ("ngram", [("K=5", 1), ("auto K<=5", 1)]),
+                   ("default", [("K=5", 1), ("auto K<=5", 1)]), ("default", [("K=5 w3", 3), ("auto K<=5 w3", 3)]),
+                   ("eagle:/x.safetensors", [("K=5", 1), ("auto K<=5", 1)]),
+                   ("eagle:/x.safetensors", [("K=5 w3", 3), ("auto K<=5 w3", 3)])]
+
+
+def test_url_runs_refuse_engine_flags(capsys, prompts_file):
+    url = f"http://127.0.0.1:{free_port()}"
+    for flag in (["--tree-width", "2"], ["--dtype", "bfloat16"]):
+        code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--url", url, *flag)
+        assert code == 2 and "the server's" in err and flag[0] in err, err

@@ -30,6 +30,15 @@ def tpot_s(e2e_s: float, ttft_s: float, output_tokens: int) -> float | None:
     return (e2e_s - ttft_s) / (output_tokens - 1)
 
 
+def decode_tokens_per_s(requests: Sequence[tuple[float, float, int]]) -> float | None:
+    """Tokens after the first / seconds after the first, summed over (e2e_s, ttft_s, output_tokens)
+    requests of two or more tokens: the decode phase's speed, without prefill (TTFT), which
+    speculation does not change. None when no request decoded past its first token."""
+    ok = [(e2e - ttft, n - 1) for e2e, ttft, n in requests if n >= 2]
+    secs = sum(t for t, _ in ok)
+    return sum(n for _, n in ok) / secs if ok and secs > 0 else None
+
+
 def speedup(value: float | None, baseline: float | None) -> float | None:
     """value / baseline for rates (tokens/s); None when either side is missing or zero."""
     if not value or not baseline:

@@ -45,10 +45,11 @@ def _key(r: dict) -> list[str]:
 
 
 def runs_table(rows: list[dict]) -> str:
-    head = ["method", "spec", "T", "conc", "output tokens", "wall s", "tokens/s", "speedup", "TTFT p50/p95 ms",
+    head = ["method", "spec", "T", "conc", "output tokens", "wall s", "tokens/s", "speedup", "decode speedup",
+            "TTFT p50/p95 ms",
             "TPOT p50/p95 ms", "E2E p50/p95 s", "acceptance", "mean acc. len", "errors"]
     body = [_key(r) + [str(r["output_tokens"]), fmt(r["wall_s"], "{:.1f}"), fmt(r["tokens_per_s"]),
-                       fmt(r["speedup"], "{:.2f}x"),
+                       fmt(r["speedup"], "{:.2f}x"), fmt(r.get("decode_speedup"), "{:.2f}x"),
                        f"{fmt(r['ttft_p50_s'], '{:.0f}', 1e3)} / {fmt(r['ttft_p95_s'], '{:.0f}', 1e3)}",
                        f"{fmt(r['tpot_p50_s'], '{:.1f}', 1e3)} / {fmt(r['tpot_p95_s'], '{:.1f}', 1e3)}",
                        f"{fmt(r['e2e_p50_s'])} / {fmt(r['e2e_p95_s'])}", fmt(r["acceptance_rate"]),

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from benchmarks.metrics_math import (acceptance_rate, add_positions, mean_accepted_length, per_position_acceptance,
-                                     percentile, speedup, tpot_s)
+from benchmarks.metrics_math import (acceptance_rate, add_positions, decode_tokens_per_s, mean_accepted_length,
+                                     per_position_acceptance, percentile, speedup, tpot_s)
 
 BASELINE = "none"
 
@@ -62,7 +62,9 @@ def summarize(records: list[RequestRecord], wall_s: float | None = None) -> dict
 
     ``tokens_per_s`` (only with ``wall_s``): output tokens of the whole run / its wall time, the
     throughput figure. ``request_tokens_per_s``: output tokens / summed E2E latency, the per-request
-    decode speed, which is what a category inside a mixed batch can be compared on."""
+    decode speed, which is what a category inside a mixed batch can be compared on.
+    ``decode_tokens_per_s``: tokens after the first / time after the first token, summed over
+    requests: what speculation speeds up (prefill, in TTFT, is the same work with or without it)."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.output_tokens for r in ok)
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -77,6 +79,8 @@ def summarize(records: list[RequestRecord], wall_s: float | None = None) -> dict
     out = {
         "num_requests": len(records), "num_errors": len(records) - len(ok), "output_tokens": tokens,
         "request_tokens_per_s": tokens / sum(e2e) if sum(e2e) > 0 else None,
+        "decode_tokens_per_s": decode_tokens_per_s([(r.e2e_s, r.ttft_s, r.output_tokens) for r in ok
+                                                    if r.ttft_s is not None]),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p95_s": percentile(ttft, 95),
         "tpot_p50_s": percentile(tpot, 50), "tpot_p95_s": percentile(tpot, 95),
         "e2e_p50_s": percentile(e2e, 50), "e2e_p95_s": percentile(e2e, 95),
@@ -96,19 +100,21 @@ def run_row(run: Run) -> dict:
         cats.setdefault(r.category, []).append(r)
     return {"method": run.method, "spec": run.variant.label, "spec_tokens": run.variant.spec_tokens,
             "tree": run.variant.tree, "tree_width": run.variant.tree_width, "temperature": run.temperature, "concurrency": run.concurrency,
-            **summarize(run.records, run.wall_s), "speedup": None,
+            **summarize(run.records, run.wall_s), "speedup": None, "decode_speedup": None,
             "categories": {c: {**summarize(rs), "speedup": None} for c, rs in sorted(cats.items())}}
 
 
 def add_speedups(rows: list[dict]) -> None:
     """Speedup vs the no-speculation baseline of the same run at the same concurrency and
-    temperature: whole-run tokens/s overall, per-request tokens/s per category."""
+    temperature: whole-run tokens/s overall, per-request tokens/s per category; ``decode_speedup``:
+    the same for the decode phase alone (``decode_tokens_per_s``)."""
     base = {(r["concurrency"], r["temperature"]): r for r in rows if r["method"] == BASELINE}
     for r in rows:
         b = base.get((r["concurrency"], r["temperature"]))
         if b is None:
             continue
         r["speedup"] = speedup(r["tokens_per_s"], b["tokens_per_s"])
+        r["decode_speedup"] = speedup(r.get("decode_tokens_per_s"), b.get("decode_tokens_per_s"))
         for cat, figs in r["categories"].items():
             bc = b["categories"].get(cat)
             figs["speedup"] = speedup(figs["request_tokens_per_s"], bc and bc["request_tokens_per_s"])

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI, Request  # module level: the fake app's string annotations resolve here
 from fastapi.responses import StreamingResponse
 
-from benchmarks.metrics_math import mean_accepted_length, per_position_acceptance, percentile, speedup, tpot_s
+from benchmarks.metrics_math import decode_tokens_per_s, mean_accepted_length, per_position_acceptance, percentile, speedup, tpot_s
 from benchmarks.prompt_set import BenchPrompt, allocate, load_prompt_set, stratified_sample
 from benchmarks.results import RequestRecord, Run, Variant, add_speedups, run_row
 from benchmarks.tune import recommend
@@ -122,6 +122,18 @@ def test_summary_rows_and_speedups_per_category():
     assert s["tpot_p50_s"] == pytest.approx(percentile([(0.5 - 0.1) / 9, (1.5 - 0.1) / 29], 50))
     assert s["categories"]["a"]["speedup"] == pytest.approx(2.0)
     assert s["categories"]["b"]["acceptance_rate"] == pytest.approx(0.25)
+    # decode phase: tokens after the first over time after the first (TTFT 0.1 s each)
+    assert b["decode_tokens_per_s"] == pytest.approx(38 / (0.9 + 2.9))
+    assert s["decode_tokens_per_s"] == pytest.approx(38 / (0.4 + 1.4))
+    assert s["decode_speedup"] == pytest.approx(3.8 / 1.8) and b["decode_speedup"] == 1.0
+
+
+def test_decode_rate_leaves_prefill_out():
+    # same decode, prefill 10x longer: the E2E rate falls, the decode rate does not
+    short, long_ = [(1.1, 0.1, 11)], [(2.0, 1.0, 11)]
+    assert decode_tokens_per_s(short) == decode_tokens_per_s(long_) == pytest.approx(10.0)
+    assert decode_tokens_per_s([(0.5, 0.5, 1)]) is None  # one token: nothing decoded after the first
+    assert decode_tokens_per_s([]) is None
 
 
 def _tune_row(c, k, tps, speedup_):

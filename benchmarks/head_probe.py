@@ -9,12 +9,14 @@ on those answers with the training recipe's own evaluation (``actors.eagle.fit.e
 agreement with the target per draft depth and the acceptance of each position of a greedy chain,
 per category. This is the head's offline quality on benchmark-like text; the engine's acceptance
 on the same answers matches it (tests/test_eagle.py pins the proposer to the teacher-forced
-prediction). Training never sees these prompts.
+prediction). Training never sees these prompts. Two more groups split the sample by language:
+``korean`` (a prompt with Hangul in it: 146 of bench500's 500) and ``other``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from collections import defaultdict
@@ -55,6 +57,14 @@ def examples_by_category(work: Path, categories: list[str]) -> dict[str, list]:
     for i, ex in zip(indices, examples):
         out[categories[i]].append(ex)
     return dict(sorted(out.items()))
+
+
+HANGUL = re.compile("[\uac00-\ud7a3]")
+
+
+def language_of(messages: list[dict]) -> str:
+    """``korean`` when any message has a Hangul syllable, else ``other``."""
+    return "korean" if any(HANGUL.search(m.get("content") or "") for m in messages) else "other"
 
 
 def score(head, examples: list) -> dict:
@@ -102,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads)
         print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
     groups = examples_by_category(work, [it.category for it in items])
-    groups["all"] = [ex for exs in groups.values() for ex in exs]
+    groups.update(examples_by_category(work, [language_of(it.messages) for it in items]))
+    groups["all"] = [ex for cat, exs in groups.items() if cat not in ("korean", "other") for ex in exs]
     return report(paths, groups, args.model, args.json)
 
 

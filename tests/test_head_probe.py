@@ -67,3 +67,11 @@ def test_missing_head_is_named(capsys):
     with pytest.raises(SystemExit):
         head_probe.main(["--heads", "/nonexistent/head.safetensors"])
     assert "/nonexistent/head.safetensors" in capsys.readouterr().err
+
+
+def test_language_groups_follow_hangul_in_any_message():
+    ko = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "하늘은 왜 파란가요?"}]
+    en = [{"role": "user", "content": "Translate into German: good morning"}]
+    assert head_probe.language_of(ko) == "korean"
+    assert head_probe.language_of(en) == "other"
+    assert head_probe.language_of([{"role": "user", "content": "こんにちは"}]) == "other"  # kana is not Hangul

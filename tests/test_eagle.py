@@ -293,6 +293,41 @@ def test_prompt_mix_is_varied_and_avoids_the_benchmarks(words):
         assert len(used) >= 0.9 * len(words) - 1 and "planet" not in used  # a benchmark topic is filtered
 
 
+def test_korean_share_of_the_mix_and_the_english_mix_unchanged():
+    import re
+
+    hangul = re.compile("[\uac00-\ud7a3]")
+    english = build_prompt_mix(1000)
+    assert build_prompt_mix(400, korean_frac=0.0) == english[:400]  # the committed head's recipe is reproducible
+    mixed = build_prompt_mix(1000, korean_frac=0.3)
+    kept = [m for m in mixed if m in english]
+    assert kept == english[:len(kept)]  # the English prompts are the English mix's, in its order
+    ko = [m[-1]["content"] for m in mixed if m not in english]
+    assert 0.22 <= len(ko) / len(mixed) <= 0.38, len(ko)
+    assert all(hangul.search(c) or "Korean" in c for c in ko)  # in Korean, or asking for Korean
+    assert sum(bool(hangul.search(c)) for c in ko) >= 0.8 * len(ko)
+    assert len(set(ko)) == len(ko) and not _benchmark_contents() & set(ko)
+    assert len({c.split()[0] for c in ko}) >= 30  # varied openings, not one template
+    with pytest.raises(ValueError, match="korean_frac=1.5"):
+        build_prompt_mix(10, korean_frac=1.5)
+
+
+def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_dir):
+    from actors.eagle.fit import with_vocab
+    from actors.model.loader import load_model
+
+    target = load_model(tiny_target_dir).model
+    head = EagleHead(HeadConfig.for_target(target.config, 64, "tiny"))
+    head.draft_vocab.copy_(torch.arange(0, 256, 4))
+    vocab = torch.arange(100, 196)
+    new = with_vocab(head, vocab)
+    assert new.cfg.draft_vocab_size == 96 and torch.equal(new.draft_vocab, vocab)
+    for (name, a), (_, b) in zip(head.named_parameters(), new.named_parameters()):
+        assert torch.equal(a, b), name
+    new.attach(target)
+    assert torch.equal(new.lm_rows, target.lm_head.weight[vocab])  # the target's rows of the new vocabulary
+
+
 @pytest.mark.parametrize("argv, bad", [(["--minutes", "0"], "--minutes 0.0"),
                                        (["--gen-frac", "0.8", "--feat-frac", "0.3"], "--gen-frac 0.8"),
                                        (["--init", "/no/such/head.safetensors"], "'/no/such/head.safetensors'"),

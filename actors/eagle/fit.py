@@ -11,6 +11,8 @@ run fits its budget whatever the machine's speed.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import random
@@ -46,6 +48,18 @@ def choose_draft_vocab(examples: list[Example], size: int) -> tuple[torch.Tensor
     top = [t for t, _ in counts.most_common(size)]
     covered = sum(counts[t] for t in top) / max(1, sum(counts.values()))
     return torch.tensor(sorted(top), dtype=torch.int64), covered
+
+
+def with_vocab(head: EagleHead, vocab: torch.Tensor) -> EagleHead:
+    """``head``'s weights with another draft vocabulary (a head of that vocabulary size): the LM head
+    rows are the target's, borrowed at attach, so no trained weight depends on the vocabulary."""
+    cfg = dataclasses.replace(head.cfg, draft_vocab_size=len(vocab))
+    new = EagleHead(cfg).to(head.fc.weight.device)
+    res = new.load_state_dict({k: v for k, v in head.state_dict().items() if k != "draft_vocab"}, strict=False)
+    if res.unexpected_keys or set(res.missing_keys) != {"draft_vocab"}:
+        raise RuntimeError(f"with_vocab: weights did not carry over ({res})")
+    new.draft_vocab.copy_(vocab)
+    return new.train().requires_grad_(True)
 
 
 def vocab_coverage(examples: list[Example], vocab: torch.Tensor) -> float:
@@ -193,10 +207,13 @@ def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
         head.draft_vocab.copy_(vocab)
         if args.init == "target":
             head.init_from_target(target)
-    else:  # warm start from a head file: it keeps its own draft vocabulary
+    else:  # warm start from a head file: it keeps its own draft vocabulary unless --revocab
         head = load_head(args.init).to(device).train().requires_grad_(True)
+        if getattr(args, "revocab", False):
+            head = with_vocab(head, vocab)
         covered = vocab_coverage(train, head.draft_vocab)
-        log.info("warm start from %s: its draft vocab covers %.1f%% of this data", args.init, 100 * covered)
+        log.info("warm start from %s: the draft vocab (%s) covers %.1f%% of this data", args.init,
+                 "chosen from this data" if getattr(args, "revocab", False) else "the file's", 100 * covered)
     head.attach(target, f"target {args.model!r}")
     budget = max(deadline - time.time(), 60 * args.minutes * 0.25)
     weighted = train + [e for e in train if e.source == "gen"] * (GEN_REPEAT - 1)

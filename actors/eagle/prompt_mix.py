@@ -295,10 +295,16 @@ def _one_prompt(rng: random.Random, paras: list[str], funcs: list[tuple[str, str
                        f"Show how to use {mod}.{fn} in Python."))
 
 
-def build_prompt_mix(n: int, seed: int = 0, words: list[str] | None = None) -> list[list[dict]]:
+def build_prompt_mix(n: int, seed: int = 0, words: list[str] | None = None,
+                     korean_frac: float = 0.0) -> list[list[dict]]:
     """``n`` distinct chat conversations (one user turn, sometimes a system turn), benchmark topics
-    excluded; ``words`` (``vocabulary_words``) adds prompts on thousands of topics."""
-    rng = random.Random(seed)
+    excluded; ``words`` (``vocabulary_words``) adds prompts on thousands of topics; ``korean_frac``:
+    the share written in Korean (``actors.eagle.korean_mix``; 0 gives the English mix unchanged)."""
+    from actors.eagle.korean_mix import korean_prompt, korean_system
+
+    if not 0.0 <= korean_frac <= 1.0:
+        raise ValueError(f"korean_frac={korean_frac}: must be within [0, 1]")
+    rng, ko_rng = random.Random(seed), random.Random(f"korean-{seed}")
     paras, funcs = stdlib_paragraphs(), stdlib_functions()
     systems = ("You are a helpful assistant.", "You are a concise assistant. Keep answers short.",
                "You are a friendly teacher.", "You are an expert software engineer.")
@@ -307,12 +313,14 @@ def build_prompt_mix(n: int, seed: int = 0, words: list[str] | None = None) -> l
     for _ in range(n * 20):
         if len(out) >= n:
             break
-        text = _one_prompt(rng, paras, funcs, words or [])
+        korean = korean_frac > 0 and ko_rng.random() < korean_frac
+        r = ko_rng if korean else rng
+        text = korean_prompt(r, paras) if korean else _one_prompt(rng, paras, funcs, words or [])
         if text in seen or any(t in text.lower() for t in BENCHMARK_TOPICS):
             continue
         seen.add(text)
         msgs = [{"role": "user", "content": text}]
-        if rng.random() < 0.2:
-            msgs.insert(0, {"role": "system", "content": rng.choice(systems)})
+        if r.random() < 0.2:
+            msgs.insert(0, {"role": "system", "content": korean_system(r) if korean else r.choice(systems)})
         out.append(msgs)
     return out

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-items", type=int, default=6000, help="offline conversations (docstrings, code)")
     p.add_argument("--num-prompts", type=int, default=8000,
                    help="size of the prompt mix (generation stops early at its budget)")
+    p.add_argument("--korean-frac", type=float, default=0.0,
+                   help="share of the prompt mix written in Korean (actors/eagle/korean_mix.py)")
     p.add_argument("--concurrency", type=int, default=48, help="answers generated at once")
     p.add_argument("--max-tokens", type=int, default=160, help="longest answer")
     p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
@@ -62,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unroll", type=int, default=3, help="draft steps unrolled in training (1 = teacher forcing only)")
     p.add_argument("--init", default="random", type=_init_arg,
                    help="head start: random (default; measured better: top-1 0.18 vs 0.02 after 25 steps) "
-                        "or the target's last layer, or a head file to continue training (it keeps its vocabulary)")
+                        "or the target's last layer, or a head file to continue training (it keeps its vocabulary "
+                        "unless --revocab)")
+    p.add_argument("--revocab", action="store_true",
+                   help="with --init FILE: choose the draft vocabulary from this run's data instead of keeping the "
+                        "file's (the head's weights do not depend on it: its LM head rows are the target's)")
     p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (AdamW, warm-up then cosine)")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (default: bf16 autocast)")
@@ -96,7 +102,8 @@ def stage_generate(args, out: Path, deadline: float) -> None:
     cfg = EngineConfig(model=args.model, dtype=args.gen_dtype, device=args.device, max_num_seqs=args.concurrency,
                        max_num_batched_tokens=1024, kv_cache_gb=2.0, num_threads=args.threads)
     engine = LLMEngine(cfg)
-    prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(engine.prompts.tokenizer))
+    prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(engine.prompts.tokenizer),
+                               korean_frac=args.korean_frac)
     n = generate_responses(engine, prompts, out, deadline, args.concurrency, max_tokens=args.max_tokens,
                            seed=args.seed)
     log.info("stage 1 done: %d answers", n)

@@ -44,8 +44,10 @@ def answer_prompts(model: str, prompts: list[dict], work: Path, max_tokens: int,
     extract_features(target, work, torch.device("cpu"))
 
 
-def examples_by_category(work: Path, categories: list[str]) -> dict[str, list]:
-    """The cached conversations grouped by their prompt's category (shard order = feature order)."""
+def examples_by_category(work: Path, *labelings: list[str]) -> dict[str, list]:
+    """The cached conversations grouped by a label of their prompt (shard order = feature order),
+    read once: each labeling (one label per prompt index: category, language, ...) adds its groups,
+    sorted by label, after the previous labeling's."""
     from actors.eagle.data import load_examples
 
     indices = [json.loads(line)["index"] for f in sorted((work / "responses").glob("shard-*.jsonl"))
@@ -53,10 +55,13 @@ def examples_by_category(work: Path, categories: list[str]) -> dict[str, list]:
     examples = load_examples(work)
     if len(indices) != len(examples):
         raise RuntimeError(f"{work}: {len(indices)} answers but {len(examples)} with features; delete it and rerun")
-    out: dict[str, list] = defaultdict(list)
-    for i, ex in zip(indices, examples):
-        out[categories[i]].append(ex)
-    return dict(sorted(out.items()))
+    groups: dict[str, list] = {}
+    for labels in labelings:
+        out: dict[str, list] = defaultdict(list)
+        for i, ex in zip(indices, examples):
+            out[labels[i]].append(ex)
+        groups.update(sorted(out.items()))
+    return groups
 
 
 HANGUL = re.compile("[\uac00-\ud7a3]")
@@ -111,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads)
         print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
-    groups = examples_by_category(work, [it.category for it in items])
-    groups.update(examples_by_category(work, [language_of(it.messages) for it in items]))
-    groups["all"] = [ex for cat, exs in groups.items() if cat not in ("korean", "other") for ex in exs]
+    groups = examples_by_category(work, [it.category for it in items], [language_of(it.messages) for it in items],
+                                  ["all"] * len(items))
     return report(paths, groups, args.model, args.json)
 
 

@@ -29,6 +29,10 @@ def test_examples_follow_their_prompt_index_not_the_finish_order(tiny_target_dir
     assert sorted(len(e.tokens) for e in groups["code"]) == [7, 13]  # prompts 0 and 2: 7 + 3 * index
     assert [len(e.tokens) for e in groups["qa"]] == [10]
     assert [e.num_prompt for e in groups["qa"]] == [4]
+    # several labelings over one read: each adds its groups, in the order given
+    both = head_probe.examples_by_category(tmp_path, ["code", "qa", "code"], ["x", "x", "y"])
+    assert list(both) == ["code", "qa", "x", "y"]
+    assert sorted(len(e.tokens) for e in both["x"]) == [7, 10] and [len(e.tokens) for e in both["y"]] == [13]
 
 
 @torch.inference_mode()

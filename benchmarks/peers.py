@@ -98,26 +98,29 @@ def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, me
     return results
 
 
-def _constant_drafts(config, k: int) -> None:
-    """K drafts every step, as specray's fixed-K runs (transformers' default schedule adapts K)."""
-    config.num_assistant_tokens = k
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+def _constant_drafts(config, k: int) -> dict:
+    """K drafts every step, as specray's fixed-K runs (transformers' default schedule adapts K).
+    Returns the settings it replaced."""
+    new = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+    old = {key: getattr(config, key, None) for key in new}
+    for key, value in new.items():
+        setattr(config, key, value)
+    return old
 
 
 def _early_exit_peers(target, run, method: str, spec_tokens: list[int]) -> list[PeerResult]:
     """transformers' self-speculation from the target's first N layers: the same draft as
     specray's ``layerskip:N``."""
     n = int(method.partition(":")[2])
-    saved = target.generation_config.to_dict()
-    out = []
+    config, saved, out = target.generation_config, None, []
     try:
         for k in spec_tokens:
-            _constant_drafts(target.generation_config, k)
+            before = _constant_drafts(config, k)
+            saved = before if saved is None else saved
             out.append(_result("transformers.early_exit", method, k, *run(assistant_early_exit=n)))
     finally:
-        for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
-            setattr(target.generation_config, key, saved.get(key))
+        for key, value in (saved or {}).items():
+            setattr(config, key, value)
     return out
 
 

@@ -5,8 +5,9 @@ every weight once allows, and what that means in tokens/s for a given tokens-per
 
 Bandwidth is measured four ways on a buffer far larger than the caches (a copy, a sum, a matrix
 times a vector through ``torch.mv`` and through the engine's own product ``kernels.cpu_linear``,
-each the best of ``--reps``); the roofline uses the faster mat-vec, which is what a decode step does. Weight bytes are the model's parameters (tied embeddings counted once) in
-``--dtype``. With ``--tpot-ms`` it also prints where a measured TPOT stands against the bound.
+each the best of ``--reps``); the roofline uses the faster mat-vec, which is what a decode step
+does. Weight bytes are the model's parameters (tied embeddings counted once) in ``--dtype``.
+With ``--tpot-ms`` it also prints where a measured TPOT stands against the bound.
 """
 from __future__ import annotations
 

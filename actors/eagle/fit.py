@@ -210,10 +210,10 @@ def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
     else:  # warm start from a head file: it keeps its own draft vocabulary unless --revocab
         head = load_head(args.init).to(device).train().requires_grad_(True)
         if getattr(args, "revocab", False):
-            head = with_vocab(head, vocab)
-        covered = vocab_coverage(train, head.draft_vocab)
-        log.info("warm start from %s: the draft vocab (%s) covers %.1f%% of this data", args.init,
-                 "chosen from this data" if getattr(args, "revocab", False) else "the file's", 100 * covered)
+            head, whose = with_vocab(head, vocab), "chosen from this data"
+        else:
+            covered, whose = vocab_coverage(train, head.draft_vocab), "the file's"
+        log.info("warm start from %s: the draft vocab (%s) covers %.1f%% of this data", args.init, whose, 100 * covered)
     head.attach(target, f"target {args.model!r}")
     budget = max(deadline - time.time(), 60 * args.minutes * 0.25)
     weighted = train + [e for e in train if e.source == "gen"] * (GEN_REPEAT - 1)

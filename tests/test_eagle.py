@@ -10,7 +10,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from actors.eagle.calibrate import INFO_KEY, SCALES
 from actors.eagle.head import DEFAULT_HEADS, EagleHead, HeadConfig, load_head
 from actors.eagle.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix, vocabulary_words
 from actors.sampling_params import SamplingParams
@@ -355,7 +354,6 @@ def test_tiny_training_run_writes_a_loadable_head(default_model, tmp_path):
     assert head.cfg.draft_vocab_size <= 256
     info = json.loads(__import__("safetensors").safe_open(str(out / "head.safetensors"), "pt").metadata()["info"])
     assert info["steps"] == 2
-    assert info[INFO_KEY] in SCALES  # fitted on the held-out answers after training
 
     first = out / "first.safetensors"
     (out / "head.safetensors").rename(first)

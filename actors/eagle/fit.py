@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from actors.eagle.calibrate import calibrate, rewrite_scale
 from actors.eagle.data import Example, load_examples
 from actors.eagle.head import EagleHead, HeadConfig, load_head
 
@@ -166,7 +165,7 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
     return total, stats
 
 
-def split_held_out(examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
+def _split(examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
     idx = list(range(len(examples)))
     random.Random(seed).shuffle(idx)
     n_val = max(1, len(idx) // 30) if len(idx) > 1 else 0
@@ -197,7 +196,7 @@ def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
     examples = [ex for d in dirs for ex in load_examples(d)]
     if not examples:
         raise ValueError(f"no training data under {out}/features: run the gen and features stages first")
-    train, val = split_held_out(examples, args.seed)
+    train, val = _split(examples, args.seed)
     vocab, covered = choose_draft_vocab(train, args.draft_vocab)
     ntok = sum(len(e.tokens) for e in train)
     log.info("data: %d train conversations (%d tokens), %d held out; draft vocab %d covers %.1f%% of the "
@@ -235,12 +234,6 @@ def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
                      "vocab_coverage": round(covered, 4), "held_out": report,
                      "args": {k: v for k, v in vars(args).items() if v is not None}})
     log.info("saved %s", path)
-    held_gen = [e for e in val if e.source == "gen"] or val  # saved first: the weights never wait on this
-    if held_gen:
-        scale, table = calibrate(head.eval(), held_gen, target.lm_head.weight.detach())
-        rewrite_scale(path, scale)
-        log.info("draft temperature scale %.2f stored (held-out overlap per scale: %s)", scale,
-                 ", ".join(f"{s}: {m:.3f}" for s, m in table.items()))
     return path
 
 

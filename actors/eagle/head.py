@@ -77,7 +77,6 @@ class EagleHead(nn.Module):
         self.rotary = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.embed: torch.Tensor | None = None  # [V, H] the target's input embedding (borrowed)
         self.lm_rows: torch.Tensor | None = None  # [Vd, H] the target's LM head rows of draft_vocab
-        self.info: dict = {}  # what the file says about its training (calibrate.INFO_KEY among it)
 
     # ---- wiring to a target --------------------------------------------------------------
     def attach(self, target, target_name: str = "the target") -> "EagleHead":
@@ -160,7 +159,6 @@ def load_head(path: str | Path, dtype: torch.dtype = torch.float32) -> EagleHead
         cfg = HeadConfig(**json.loads(meta["config"]))
         state = {k: f.get_tensor(k) for k in f.keys()}
     head = EagleHead(cfg)
-    head.info = json.loads(meta.get("info") or "{}")
     head.load_state_dict({k: v.long() if k == "draft_vocab" else v.to(dtype) for k, v in state.items()})
     return head.to(dtype).eval().requires_grad_(False)
 

@@ -8,8 +8,7 @@ head forward per depth; each sequence keeps a small dense K/V cache of its own.
 
 An expansion wider than 1 at some depth adds the top-w (greedy) or w sampled tokens as siblings
 and continues the chain from the first. Greedy requests get deterministic drafts; unseeded sampled
-ones get independent draws from the head's distribution q (over the draft vocabulary, 0 elsewhere;
-at the request's temperature times the head's fitted scale, actors/eagle/calibrate.py),
+ones get independent draws from the head's distribution q (over the draft vocabulary, 0 elsewhere),
 as multi-step speculative sampling needs; seeded ones get the winners of that position's race under
 q (the race the target's token is drawn with, actors/sampling.py), which match the target's token
 more often than independent draws. Verification stays lossless either way.
@@ -21,7 +20,6 @@ import torch.nn.functional as F
 
 from actors.drafter import DraftRequest, Proposer
 from actors.dynamic_tree import DraftPool
-from actors.eagle.calibrate import INFO_KEY
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top
 from actors.tree import TokenTree
@@ -82,10 +80,6 @@ class EagleProposer(Proposer):
         if tree_width < 1:
             raise ValueError(f"tree_width={tree_width}: must be at least 1")
         self.head, self.tree_width = head, tree_width
-        # sampled requests draft at temperature T * scale: the head's fitted sharpening (calibrate.py)
-        self.temperature_scale = float(getattr(head, "info", {}).get(INFO_KEY, 1.0))
-        if not self.temperature_scale > 0:
-            raise ValueError(f"EAGLE head {INFO_KEY}={self.temperature_scale}: must be positive")
         c = head.cfg
         self.kv_shape = (c.num_kv_heads, c.head_dim)
         self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
@@ -198,7 +192,7 @@ class EagleProposer(Proposer):
     def _draft_q(self, logits: torch.Tensor, p) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [Vd] of the head -> the request's draft distribution q over the draft vocabulary
         [Vd] and over the target's whole vocabulary [V] (0 outside the draft vocabulary)."""
-        q_small = logits_to_probs(logits, p.temperature * self.temperature_scale, p.top_k, p.top_p)
+        q_small = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)
         return q_small, q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, self.head.draft_vocab, q_small)
 
     # ---- dynamic trees ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 
 from actors.drafter import DraftRequest, Proposer
 from actors.kv_allocator import KVBlockAllocator
-from actors.sampling import logits_to_probs, race_top
+from actors.sampling import logits_to_probs, on_generator_device, race_top
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 
@@ -50,7 +50,8 @@ def _expand(job: _Job, depth: int, rows: torch.Tensor) -> None:
         probs = logits_to_probs(rows.float(), p.temperature, p.top_k, p.top_p)
         for parent, q in zip(job.frontier, probs):
             if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
-                toks = torch.multinomial(q, width, replacement=True, generator=req.generator).tolist()
+                toks = torch.multinomial(on_generator_device(q, req.generator), width, replacement=True,
+                                         generator=req.generator).tolist()
             else:  # seeded: the target will pick argmax(p / E) with this position's race; guess its top-width
                 toks = race_top(q, p.seed, job.ctx + depth + 1, width)
             new += [job.tree.add(parent, int(t), q) for t in toks]

@@ -72,13 +72,26 @@ def _top_p_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> tuple[to
     return probs.sort(dim=-1, descending=True)
 
 
+def on_generator_device(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``x`` on ``generator``'s device (a request's generator lives on the CPU, so its draws are the
+    same whatever device the model runs on; torch refuses a CPU generator for CUDA tensors)."""
+    return x if generator is None or x.device == generator.device else x.to(generator.device)
+
+
+def uniform(generator: torch.Generator | None, device: torch.device | str) -> float:
+    """One U[0, 1) draw (float64) from ``generator``, whichever device the caller's tensors are on."""
+    where = generator.device if generator is not None else device
+    return float(torch.rand((), dtype=torch.float64, generator=generator, device=where))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token from probs [V] (need not be normalised) with the exponential race:
     argmax(p_i / E_i), E_i ~ Exp(1) i.i.d. (gpt-fast; no device sync until the final int)."""
     if probs.dim() != 1:
         raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
-    race = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=generator)
-    return _race_winner(probs, race)
+    where = generator.device if generator is not None else probs.device
+    race = torch.empty(probs.shape, dtype=torch.float64, device=where).exponential_(generator=generator)
+    return _race_winner(probs, race.to(probs.device))
 
 
 def race_scores(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
@@ -185,10 +198,6 @@ def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor | Sequence[int]) 
     return VerifyResult(nodes, [tree.tokens[i] for i in nodes], int(argmax[best]), bonus=not has_children)
 
 
-def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
-    return float(torch.rand((), dtype=torch.float64, generator=generator, device=device))
-
-
 def _residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
     """norm(max(0, p - q)) [V]; q None = delta at token. Falls back to p if float error leaves no mass."""
     if q is None:
@@ -222,7 +231,7 @@ def verify_sampling(
         for child in kids[node]:
             token, q = tree.tokens[child], tree.draft_probs[child]
             q_token = 1.0 if q is None else float(q[token])
-            if _uniform(generator, target_probs.device) * q_token < float(p[token]):
+            if uniform(generator, target_probs.device) * q_token < float(p[token]):
                 node = child
                 break
             p = _residual(p, q, token)
@@ -276,7 +285,7 @@ def reference_speculative_sample(
             q = torch.nn.functional.one_hot(torch.tensor(token, device=p.device), p.shape[-1]).to(p.dtype)
         else:
             q = draft_probs[i]
-        u = float(torch.rand((), dtype=torch.float64, generator=generator, device=p.device))
+        u = uniform(generator, p.device)
         if u * float(q[token]) < float(p[token]):  # accept with probability min(1, p/q)
             out.append(token)
             continue

@@ -3,6 +3,7 @@ preemption, abort, prefix caching, no KV leaks, proposer failure degrading to pl
 from __future__ import annotations
 
 import pytest
+import torch
 
 from actors.sampling_params import SamplingParams
 from tests.tiny import TINY_MAX_TOKENS, tiny_engine
@@ -216,3 +217,27 @@ def test_verifier_failure_restarts_and_requeues_without_loss(draft, tiny_target_
     assert flaky.restarts == 1 and eng.num_verifier_restarts == 1
     assert [streamed[f"r{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or duplicated
     _assert_no_leak(eng)
+
+
+@pytest.mark.gpu
+def test_sampled_requests_run_on_cuda(tiny_target_dir, tiny_prompts):
+    """A request's generator lives on the CPU; sampling on CUDA tensors must still draw from it
+    (an H100 run on 2026-11-25 failed with "Expected a 'cuda' device type for generator")."""
+    from pathlib import Path
+
+    from actors.model.loader import LoadedModel, load_model
+    from cluster.config import EngineConfig, SpeculativeConfig
+    from cluster.engine import LLMEngine
+    from tests.tiny import ByteTokenizer
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    lm = load_model(tiny_target_dir, dtype=torch.float32, device="cuda")
+    loaded = LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(tiny_target_dir))
+    for draft in ("none", "ngram"):
+        cfg = EngineConfig(model=str(tiny_target_dir), device="cuda", dtype="float32", block_size=4, num_kv_blocks=256,
+                           speculative=SpeculativeConfig.from_draft_arg(draft, 4, None))
+        for seed in (None, 5):
+            params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
+            outs = LLMEngine(cfg, loaded=loaded).generate(tiny_prompts[:2], params, concurrency=2)
+            assert [len(o.token_ids) for o in outs] == [16, 16]

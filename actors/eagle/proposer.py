@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from actors.drafter import DraftRequest, Proposer
 from actors.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, race_top
+from actors.sampling import logits_to_probs, on_generator_device, race_top
 from actors.tree import TokenTree
 
 
@@ -181,7 +181,9 @@ class EagleProposer(Proposer):
                 p = r.params
                 q_small, q = self._draft_q(logits[j], p)
                 if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
-                    picks = vocab[torch.multinomial(q_small, width, replacement=True, generator=r.generator)].tolist()
+                    drawn = torch.multinomial(on_generator_device(q_small, r.generator), width, replacement=True,
+                                              generator=r.generator)
+                    picks = vocab[drawn.to(vocab.device)].tolist()
                 else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
                     picks = race_top(q, p.seed, r.root_position + depth + 1, width)
                 nodes = [tree.add(tips[j], t, q) for t in picks]

@@ -332,6 +332,8 @@ def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_d
                                        (["--gen-frac", "0.8", "--feat-frac", "0.3"], "--gen-frac 0.8"),
                                        (["--init", "/no/such/head.safetensors"], "'/no/such/head.safetensors'"),
                                        (["--stages", "gen,fly"], "'gen,fly'"),
+                                       (["--max-epochs", "-1"], "--max-epochs -1.0"),
+                                       (["--backend", "vllm"], "'vllm'"),
                                        (["--data", "/no/such/run"], "'/no/such/run'")])
 def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
     from actors.eagle.train import main

@@ -160,9 +160,11 @@ def write_offline_shards(tokenizer, convs: list[list[dict]], out_dir: Path, shar
 
 
 def extract_features(model, out_dir: Path, device: torch.device, deadline: float = float("inf"),
-                     batch_tokens: int = 2048) -> int:
+                     batch_tokens: int = 2048, features_fn=None) -> int:
     """Features for every response shard that has none yet, until ``deadline``; returns the number
-    of feature shards."""
+    of feature shards. ``features_fn(model, convs, device)`` is ``target_features`` unless given
+    (actors/eagle/hf_data.py passes transformers' forward)."""
+    features_fn = features_fn or target_features
     feat_dir = out_dir / "features"
     feat_dir.mkdir(parents=True, exist_ok=True)
     t0, ntok = time.time(), 0
@@ -179,7 +181,7 @@ def extract_features(model, out_dir: Path, device: torch.device, deadline: float
         convs = [r["prompt_ids"] + r["output_ids"] for r in rows]
         tokens, feats, nexts = [], [], []
         for batch in _feature_batches(convs, batch_tokens):
-            for i, (f, nx) in zip(batch, target_features(model, [convs[i] for i in batch], device)):
+            for i, (f, nx) in zip(batch, features_fn(model, [convs[i] for i in batch], device)):
                 tokens.append(torch.tensor(convs[i], dtype=torch.int32))
                 feats.append(f)
                 nexts.append(nx.to(torch.int32))

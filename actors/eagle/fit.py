@@ -65,7 +65,7 @@ def with_vocab(head: EagleHead, vocab: torch.Tensor) -> EagleHead:
 def vocab_coverage(examples: list[Example], vocab: torch.Tensor) -> float:
     """The share of the target's answer predictions that ``vocab`` holds."""
     nxt = torch.cat([_answer_predictions(ex) for ex in examples])
-    return float(torch.isin(nxt, vocab).float().mean()) if len(nxt) else 0.0
+    return float(torch.isin(nxt, vocab.cpu()).float().mean()) if len(nxt) else 0.0
 
 
 def make_batches(examples: list[Example], max_tokens: int, rng: random.Random) -> list[list[Example]]:
@@ -244,19 +244,32 @@ def _lr(frac: float, peak: float) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - warm) / (1 - warm))))
 
 
+def step_cap(max_steps: int | None, max_epochs: float | None, batches_per_epoch: int) -> int | None:
+    """The step at which training ends if the clock has not ended it: ``--max-steps``, or
+    ``--max-epochs`` passes over the data, whichever comes first (None: the clock alone). Without an
+    epoch cap a fast device loops over a small data set: 37 epochs on 210k tokens of short prompts (H100,
+    2026-11-25) took the committed head's K=5 mean accepted length from 1.96 to 1.50 on the benchmark
+    prompts."""
+    caps = [c for c in (max_steps, None if max_epochs is None else max(1, round(max_epochs * batches_per_epoch)))
+            if c is not None]
+    return min(caps) if caps else None
+
+
 def _train_loop(head: EagleHead, train: list[Example], args, device, budget_s: float) -> int:
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng, gen = random.Random(args.seed), torch.Generator(device=device).manual_seed(args.seed)
     start, step, epoch = time.time(), 0, 0
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    cap = step_cap(args.max_steps, getattr(args, "max_epochs", None),
+                   len(make_batches(train, args.batch_tokens, random.Random(0))))
     while True:
         epoch += 1
         for batch in make_batches(train, args.batch_tokens, rng):
             frac = (time.time() - start) / budget_s  # the schedule follows the clock, or the step cap
-            if args.max_steps is not None:
-                frac = max(frac, (step + 0.5) / args.max_steps)
-            if frac >= 1 or (args.max_steps is not None and step >= args.max_steps):
+            if cap is not None:
+                frac = max(frac, (step + 0.5) / cap)
+            if frac >= 1 or (cap is not None and step >= cap):
                 log.info("trained %d steps, %d epochs begun, %.1f min", step, epoch, (time.time() - start) / 60)
                 return step
             for g in opt.param_groups:

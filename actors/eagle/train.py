@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of the prompt mix written in Korean (actors/eagle/korean_mix.py)")
     p.add_argument("--concurrency", type=int, default=48, help="answers generated at once")
     p.add_argument("--max-tokens", type=int, default=160, help="longest answer")
+    p.add_argument("--backend", default="engine", choices=["engine", "hf"],
+                   help="who runs the gen and features stages: our engine (default), or transformers' padded "
+                        "batches (hf: --concurrency answers per generate call; far faster on a GPU)")
+    p.add_argument("--kv-cache-gb", type=float, default=2.0,
+                   help="KV cache of the generating engine (raise it with --concurrency on a GPU)")
+    p.add_argument("--max-batched-tokens", type=int, default=1024,
+                   help="tokens per generation step (prefill chunks; raise it on a GPU)")
     p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="dtype of the teacher-forced pass")
@@ -73,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--max-steps", type=int, default=None, help="stop training after this many steps (smoke runs)")
+    p.add_argument("--max-epochs", type=float, default=4.0,
+                   help="stop after this many passes over the data even if time is left (a GPU finishes many "
+                        "passes over a small data set and overfits it); 0 = no cap")
     p.add_argument("--data", default="", type=_data_dirs,
                    help="comma-separated working directories of earlier runs whose features the train stage "
                         "also uses (e.g. answers to another prompt-mix seed)")
@@ -94,13 +104,30 @@ def _setup_logging(out: Path) -> None:
 
 
 def stage_generate(args, out: Path, deadline: float) -> None:
-    from actors.eagle.data import generate_responses
     from actors.eagle.prompt_mix import build_prompt_mix, vocabulary_words
+
+    if args.backend == "hf":
+        from actors.eagle.hf_data import hf_generate_responses, load_hf_model
+        from actors.model.loader import load_tokenizer, resolve_model_dir
+        from cluster.prompts import PromptEncoder
+        from cluster.runtime import resolve_device_dtype
+
+        model_dir = resolve_model_dir(args.model)
+        encoder = PromptEncoder(load_tokenizer(model_dir))
+        device, dtype = resolve_device_dtype(args.device, args.gen_dtype)
+        prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(encoder.tokenizer),
+                                   korean_frac=args.korean_frac)
+        n = hf_generate_responses(load_hf_model(model_dir, device, dtype), encoder, prompts, out, deadline, device,
+                                  batch=args.concurrency, max_tokens=args.max_tokens, seed=args.seed)
+        log.info("stage 1 done: %d answers", n)
+        return
+    from actors.eagle.data import generate_responses
     from cluster.config import EngineConfig
     from cluster.engine import LLMEngine
 
     cfg = EngineConfig(model=args.model, dtype=args.gen_dtype, device=args.device, max_num_seqs=args.concurrency,
-                       max_num_batched_tokens=1024, kv_cache_gb=2.0, num_threads=args.threads)
+                       max_num_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb,
+                       num_threads=args.threads)
     engine = LLMEngine(cfg)
     prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(engine.prompts.tokenizer),
                                korean_frac=args.korean_frac)
@@ -125,8 +152,13 @@ def stage_features(args, out: Path, device: torch.device, deadline: float) -> No
     from cluster.runtime import resolve_device_dtype
 
     _, dtype = resolve_device_dtype(args.device, args.feature_dtype)
-    loaded = load_model(args.model, dtype=dtype, device=device)
-    n = extract_features(loaded.model, out, device, deadline)
+    if args.backend == "hf":
+        from actors.eagle.hf_data import hf_extract_features, load_hf_model
+        from actors.model.loader import resolve_model_dir
+
+        n = hf_extract_features(load_hf_model(resolve_model_dir(args.model), device, dtype), out, device, deadline)
+    else:
+        n = extract_features(load_model(args.model, dtype=dtype, device=device).model, out, device, deadline)
     log.info("stage 2 done: %d feature shards", n)
 
 
@@ -137,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--minutes {args.minutes}: must be positive")
     if not (args.gen_frac >= 0 and args.feat_frac >= 0 and args.gen_frac + args.feat_frac <= 1):
         parser.error(f"--gen-frac {args.gen_frac} and --feat-frac {args.feat_frac}: each >= 0, together <= 1")
+    if args.max_epochs < 0:
+        parser.error(f"--max-epochs {args.max_epochs}: must be >= 0 (0 = no cap)")
+    args.max_epochs = args.max_epochs or None
     stages = set(args.stages.split(","))
     if not stages <= {"gen", "text", "features", "train"}:
         parser.error(f"--stages {args.stages!r}: use a comma-separated subset of gen,text,features,train")

@@ -220,9 +220,11 @@ def test_verifier_failure_restarts_and_requeues_without_loss(draft, tiny_target_
 
 
 @pytest.mark.gpu
-def test_sampled_requests_run_on_cuda(tiny_target_dir, tiny_prompts):
-    """A request's generator lives on the CPU; sampling on CUDA tensors must still draw from it
-    (an H100 run on 2026-11-25 failed with "Expected a 'cuda' device type for generator")."""
+def test_engine_on_cuda(tiny_target_dir, tiny_draft_dir, tiny_prompts):
+    """On CUDA: greedy speculation (n-gram, a draft model, a draft tree) gives the plain output, and
+    sampled requests run: a request's generator lives on the CPU and sampling on CUDA tensors must
+    still draw from it (an H100 run on 2026-11-25 failed with "Expected a 'cuda' device type for
+    generator"). The same checks passed there as a script."""
     from pathlib import Path
 
     from actors.model.loader import LoadedModel, load_model
@@ -232,12 +234,26 @@ def test_sampled_requests_run_on_cuda(tiny_target_dir, tiny_prompts):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    lm = load_model(tiny_target_dir, dtype=torch.float32, device="cuda")
-    loaded = LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(tiny_target_dir))
-    for draft in ("none", "ngram"):
-        cfg = EngineConfig(model=str(tiny_target_dir), device="cuda", dtype="float32", block_size=4, num_kv_blocks=256,
-                           speculative=SpeculativeConfig.from_draft_arg(draft, 4, None))
+
+    def loaded(d):
+        lm = load_model(d, dtype=torch.float32, device="cuda")
+        return LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(d))
+
+    def engine(spec, draft=None):
+        cfg = EngineConfig(model=str(tiny_target_dir), device="cuda", dtype="float32", block_size=4,
+                           num_kv_blocks=256, speculative=spec)
+        return LLMEngine(cfg, loaded=loaded(tiny_target_dir), draft_loaded=loaded(draft) if draft else None)
+
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain = [o.token_ids for o in engine(SpeculativeConfig.from_draft_arg("none", 4, None)).generate(
+        tiny_prompts, greedy, concurrency=4)]
+    draft = str(tiny_draft_dir)
+    for spec, d in [(SpeculativeConfig.from_draft_arg("ngram", 4, None), None),
+                    (SpeculativeConfig(method="draft", draft_model=draft, num_spec_tokens=4), tiny_draft_dir),
+                    (SpeculativeConfig(method="draft", draft_model=draft, num_spec_tokens=4, tree=[1, 2, 1]),
+                     tiny_draft_dir)]:
+        assert [o.token_ids for o in engine(spec, d).generate(tiny_prompts, greedy, concurrency=4)] == plain
         for seed in (None, 5):
             params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
-            outs = LLMEngine(cfg, loaded=loaded).generate(tiny_prompts[:2], params, concurrency=2)
+            outs = engine(spec, d).generate(tiny_prompts[:2], params, concurrency=2)
             assert [len(o.token_ids) for o in outs] == [16, 16]

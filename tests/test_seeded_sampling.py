@@ -35,6 +35,21 @@ def test_position_race_depends_on_seed_and_position_only():
     assert not torch.equal(position_race(6, 17, 100), position_race(5, 18, 100))  # no linear aliasing
 
 
+def test_cached_races_are_the_generator_s_own_draws():
+    """The race cache changes no draw: a race is what a fresh generator seeded with the position's
+    key gives, whichever way the device is named, and a repeat is served from the cache."""
+    from actors.sampling import _MASK64, _race_for_key, _splitmix64
+
+    _race_for_key.cache_clear()
+    first = position_race(11, 40, 5000, "cpu")
+    key = _splitmix64(_splitmix64(11) ^ 40) & _MASK64
+    fresh = torch.empty(5000, dtype=torch.float64).exponential_(generator=torch.Generator().manual_seed(key))
+    assert torch.equal(first, fresh)
+    assert position_race(11, 40, 5000, torch.device("cpu")) is first
+    assert _race_for_key.cache_info().hits == 1
+    assert not torch.equal(position_race(11, 41, 5000), first)
+
+
 def test_sample_at_follows_the_distribution():
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
     draws = np.array([sample_at(probs, seed, 9) for seed in range(6000)])

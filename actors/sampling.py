@@ -143,6 +143,16 @@ def race_top(probs: torch.Tensor, seed: int, position: int, width: int) -> list[
     return race_scores(probs, race).topk(min(width, int((probs > 0).sum()))).indices.tolist()
 
 
+def race_top_among(q: torch.Tensor, support: torch.Tensor, vocab: int, seed: int, position: int,
+                   width: int) -> torch.Tensor:
+    """``race_top`` for a q [S] given over the token ids ``support`` [S] of a ``vocab``-token
+    vocabulary (a draft head's reduced vocabulary; q is 0 elsewhere) -> the picks as indices into
+    q [<= width] int64 (their tokens are ``support[i]``): the same tokens, without building q over
+    the whole vocabulary (6x less work for an 8,192-token draft vocabulary)."""
+    race = position_race(seed, position, vocab, q.device)[support]  # [S]
+    return race_scores(q, race).topk(min(width, int((q > 0).sum()))).indices
+
+
 def sample_at(probs: torch.Tensor, seed: int, position: int) -> int:
     """Draw the token at ``position`` from probs [V] with the (seed, position) race: the same token
     every time the same distribution is seen at that position, however it got there."""

@@ -50,6 +50,21 @@ def test_cached_races_are_the_generator_s_own_draws():
     assert not torch.equal(position_race(11, 41, 5000), first)
 
 
+@pytest.mark.parametrize("width", [1, 4, 50])
+def test_race_top_among_a_support_equals_race_top_over_the_whole_vocabulary(width):
+    from actors.sampling import race_top, race_top_among
+
+    g = torch.Generator().manual_seed(width)
+    support = torch.randperm(1000, generator=g)[:30]  # unsorted, as a head's vocabulary may be
+    q = torch.softmax(torch.randn(30, generator=g) * 3, -1)
+    q[5] = 0.0  # a token of the support without mass is never a pick
+    full = torch.zeros(1000).index_copy_(0, support, q)
+    for position in range(20):
+        rows = race_top_among(q, support, 1000, 7, position, width)
+        assert support[rows].tolist() == race_top(full, 7, position, width)
+        assert 5 not in rows.tolist()
+
+
 def test_sample_at_follows_the_distribution():
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
     draws = np.array([sample_at(probs, seed, 9) for seed in range(6000)])

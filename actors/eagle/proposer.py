@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from actors.drafter import DraftRequest, Proposer
 from actors.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, on_generator_device, race_top
+from actors.sampling import logits_to_probs, on_generator_device, race_top_among
 from actors.tree import TokenTree
 
 
@@ -177,16 +177,19 @@ class EagleProposer(Proposer):
             if r.params.greedy:
                 picks = vocab[logits[j].topk(width).indices].tolist()
                 nodes = [tree.add(tips[j], t) for t in picks]
-            else:
-                p = r.params
-                q_small, q = self._draft_q(logits[j], p)
-                if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
-                    drawn = torch.multinomial(on_generator_device(q_small, r.generator), width, replacement=True,
-                                              generator=r.generator)
-                    picks = vocab[drawn.to(vocab.device)].tolist()
-                else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
-                    picks = race_top(q, p.seed, r.root_position + depth + 1, width)
+            elif r.params.seed is None:  # independent draws from q: what multi-step speculative sampling needs
+                q_small, q = self._draft_q(logits[j], r.params)
+                drawn = torch.multinomial(on_generator_device(q_small, r.generator), width, replacement=True,
+                                          generator=r.generator)
+                picks = vocab[drawn.to(vocab.device)].tolist()
                 nodes = [tree.add(tips[j], t, q) for t in picks]
+            else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
+                p = r.params  # (keyed verification reads no q, so none is stored)
+                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
+                rows = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
+                                      r.root_position + depth + 1, width)
+                picks = vocab[rows].tolist()
+                nodes = [tree.add(tips[j], t) for t in picks]
             tips[j] = nodes[0]
             nxt.append(picks[0])
         return nxt
@@ -244,9 +247,11 @@ class EagleProposer(Proposer):
                 top = torch.log_softmax(logits[row], -1).topk(w)
                 out.append(list(zip(vocab[top.indices].tolist(), top.values.tolist())))
                 continue
-            q = self._draft_q(logits[row], r.params)[1]
-            picks = race_top(q, r.params.seed, r.root_position + depth + 1, w)
-            out.append([(t, float(q[t].clamp_min(1e-30).log())) for t in picks])
+            p = r.params
+            q_small = logits_to_probs(logits[row], p.temperature, p.top_k, p.top_p)
+            rows = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
+                                  r.root_position + depth + 1, w)
+            out.append(list(zip(vocab[rows].tolist(), q_small[rows].clamp_min(1e-30).log().tolist())))
         return out
 
     def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> torch.Tensor:

@@ -91,3 +91,21 @@ def test_step_cap_takes_the_first_of_steps_and_epochs():
     assert step_cap(None, 4, 50) == 200
     assert step_cap(120, 4, 50) == 120
     assert step_cap(None, 0.01, 50) == 1
+
+
+@pytest.mark.model
+def test_the_recipe_runs_its_data_stages_through_transformers(default_model, tmp_path):
+    """``--backend hf`` end to end on the default model: chat prompts of the mix, answers, features
+    in the engine backend's files, which the train stage reads."""
+    from actors.eagle.data import load_examples
+    from actors.eagle.train import main
+
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--backend", "hf", "--stages", "gen,features", "--minutes", "3",
+                 "--num-prompts", "3", "--max-tokens", "6", "--concurrency", "2", "--threads", "2"]) == 0
+    rows = [json.loads(line) for f in sorted((out / "responses").glob("shard-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    assert sorted(r["index"] for r in rows) == [0, 1, 2]
+    examples = load_examples(out)
+    assert len(examples) == 3 and all(e.features.shape[1] == default_model.config.hidden_size for e in examples)
+    assert {tuple(e.tokens.tolist()) for e in examples} == {tuple(r["prompt_ids"] + r["output_ids"]) for r in rows}

@@ -103,9 +103,13 @@ def _setup_logging(out: Path) -> None:
         root.addHandler(h)
 
 
-def stage_generate(args, out: Path, deadline: float) -> None:
+def _prompt_mix(args, tokenizer) -> list:
     from actors.eagle.prompt_mix import build_prompt_mix, vocabulary_words
 
+    return build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(tokenizer), korean_frac=args.korean_frac)
+
+
+def stage_generate(args, out: Path, deadline: float) -> None:
     if args.backend == "hf":
         from actors.eagle.hf_data import hf_generate_responses, load_hf_model
         from actors.model.loader import load_tokenizer, resolve_model_dir
@@ -115,9 +119,8 @@ def stage_generate(args, out: Path, deadline: float) -> None:
         model_dir = resolve_model_dir(args.model)
         encoder = PromptEncoder(load_tokenizer(model_dir))
         device, dtype = resolve_device_dtype(args.device, args.gen_dtype)
-        prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(encoder.tokenizer),
-                                   korean_frac=args.korean_frac)
-        n = hf_generate_responses(load_hf_model(model_dir, device, dtype), encoder, prompts, out, deadline, device,
+        model = load_hf_model(model_dir, device, dtype)
+        n = hf_generate_responses(model, encoder, _prompt_mix(args, encoder.tokenizer), out, deadline, device,
                                   batch=args.concurrency, max_tokens=args.max_tokens, seed=args.seed)
         log.info("stage 1 done: %d answers", n)
         return
@@ -129,10 +132,8 @@ def stage_generate(args, out: Path, deadline: float) -> None:
                        max_num_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb,
                        num_threads=args.threads)
     engine = LLMEngine(cfg)
-    prompts = build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(engine.prompts.tokenizer),
-                               korean_frac=args.korean_frac)
-    n = generate_responses(engine, prompts, out, deadline, args.concurrency, max_tokens=args.max_tokens,
-                           seed=args.seed)
+    n = generate_responses(engine, _prompt_mix(args, engine.prompts.tokenizer), out, deadline, args.concurrency,
+                           max_tokens=args.max_tokens, seed=args.seed)
     log.info("stage 1 done: %d answers", n)
 
 

@@ -49,7 +49,10 @@ def _done_indices(resp_dir: Path) -> set[int]:
     return done
 
 
-def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float):
+SAMPLED_FRAC = 0.25  # share of the recipe's answers sampled (T=0.7, top-p 0.95) rather than greedy
+
+
+def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float = SAMPLED_FRAC):
     from actors.sampling_params import SamplingParams
 
     rng = random.Random(seed * 1_000_003 + index)
@@ -59,7 +62,7 @@ def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float):
 
 
 def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, concurrency: int = 48,
-                       shard_size: int = 32, max_tokens: int = 160, sampled_frac: float = 0.25,
+                       shard_size: int = 32, max_tokens: int = 160, sampled_frac: float = SAMPLED_FRAC,
                        seed: int = 0) -> int:
     """Answer ``prompts`` (chat messages) until done or ``time.time() > deadline``; returns the
     number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch)."""
@@ -131,6 +134,13 @@ def target_features(model, convs: list[list[int]], device: torch.device, block_s
         first += nb
     hidden = model(build_forward_batch(chunks, block_size, device), kv)  # [N, H]
     nxt = torch.cat([model.compute_logits(h).argmax(-1) for h in hidden.split(256)])
+    return per_conversation(hidden, nxt, convs)
+
+
+def per_conversation(hidden: torch.Tensor, nxt: torch.Tensor, convs: list[list[int]]
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """hidden [N, H] and nxt [N] of the conversations ``convs`` laid end to end -> per conversation
+    (features fp16 on the CPU, greedy next tokens on the CPU)."""
     out, start = [], 0
     for ids in convs:
         end = start + len(ids)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from actors.eagle.data import _atomic_write, _done_indices, _params_for, extract_features
+from actors.eagle.data import _atomic_write, _done_indices, _params_for, extract_features, per_conversation
 
 log = logging.getLogger("specray.eagle.hf_data")
 
@@ -81,8 +81,9 @@ def hf_generate_responses(model, encoder, prompts: list, out_dir: Path, deadline
             break
         t = time.time()
         rows = []
+        is_sampled = {i: not _params_for(i, seed, max_tokens).greedy for i in chunk}  # the engine recipe's mix
         for sampled in (False, True):
-            part = [i for i in chunk if (not _params_for(i, seed, max_tokens, 0.25).greedy) == sampled]
+            part = [i for i in chunk if is_sampled[i] == sampled]
             if part:
                 torch.manual_seed(seed * 1_000_003 + 2 * chunk[0] + sampled)
                 answers = hf_generate(model, [encoded[i] for i in part], eos, max_tokens, sampled, device)
@@ -106,15 +107,11 @@ def hf_target_features(model, convs: list[list[int]], device: torch.device, logi
     mask = torch.zeros_like(ids)
     for b, c in enumerate(convs):
         ids[b, : len(c)], mask[b, : len(c)] = torch.tensor(c), 1
-    hidden = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, L, H]
-    flat = hidden[mask.to(device).bool()]  # [N, H] real tokens, conversation by conversation
+    mask = mask.to(device)
+    hidden = model.model(input_ids=ids.to(device), attention_mask=mask).last_hidden_state  # [B, L, H]
+    flat = hidden[mask.bool()]  # [N, H] real tokens, conversation by conversation
     nxt = torch.cat([model.lm_head(h).argmax(-1) for h in flat.split(logit_rows)])
-    out, start = [], 0
-    for c in convs:
-        end = start + len(c)
-        out.append((flat[start:end].to(torch.float16).cpu(), nxt[start:end].cpu()))
-        start = end
-    return out
+    return per_conversation(flat, nxt, convs)
 
 
 def hf_extract_features(model, out_dir: Path, device: torch.device, deadline: float = float("inf"),

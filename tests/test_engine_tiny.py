@@ -225,35 +225,16 @@ def test_engine_on_cuda(tiny_target_dir, tiny_draft_dir, tiny_prompts):
     sampled requests run: a request's generator lives on the CPU and sampling on CUDA tensors must
     still draw from it (an H100 run on 2026-11-25 failed with "Expected a 'cuda' device type for
     generator"). The same checks passed there as a script."""
-    from pathlib import Path
-
-    from actors.model.loader import LoadedModel, load_model
-    from cluster.config import EngineConfig, SpeculativeConfig
-    from cluster.engine import LLMEngine
-    from tests.tiny import ByteTokenizer
-
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-
-    def loaded(d):
-        lm = load_model(d, dtype=torch.float32, device="cuda")
-        return LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(d))
-
-    def engine(spec, draft=None):
-        cfg = EngineConfig(model=str(tiny_target_dir), device="cuda", dtype="float32", block_size=4,
-                           num_kv_blocks=256, speculative=spec)
-        return LLMEngine(cfg, loaded=loaded(tiny_target_dir), draft_loaded=loaded(draft) if draft else None)
-
     greedy = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    plain = [o.token_ids for o in engine(SpeculativeConfig.from_draft_arg("none", 4, None)).generate(
-        tiny_prompts, greedy, concurrency=4)]
-    draft = str(tiny_draft_dir)
-    for spec, d in [(SpeculativeConfig.from_draft_arg("ngram", 4, None), None),
-                    (SpeculativeConfig(method="draft", draft_model=draft, num_spec_tokens=4), tiny_draft_dir),
-                    (SpeculativeConfig(method="draft", draft_model=draft, num_spec_tokens=4, tree=[1, 2, 1]),
-                     tiny_draft_dir)]:
-        assert [o.token_ids for o in engine(spec, d).generate(tiny_prompts, greedy, concurrency=4)] == plain
+    plain = [o.token_ids for o in tiny_engine(tiny_target_dir, device="cuda").generate(tiny_prompts, greedy,
+                                                                                        concurrency=4)]
+    for kw in (dict(draft="ngram"), dict(draft="draft", draft_dir=tiny_draft_dir),
+               dict(draft="draft", draft_dir=tiny_draft_dir, tree=[1, 2, 1])):
+        eng = tiny_engine(tiny_target_dir, device="cuda", **kw)
+        assert [o.token_ids for o in eng.generate(tiny_prompts, greedy, concurrency=4)] == plain
         for seed in (None, 5):
             params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
-            outs = engine(spec, d).generate(tiny_prompts[:2], params, concurrency=2)
+            outs = tiny_engine(tiny_target_dir, device="cuda", **kw).generate(tiny_prompts[:2], params, concurrency=2)
             assert [len(o.token_ids) for o in outs] == [16, 16]

@@ -31,10 +31,10 @@ class ByteTokenizer:
 
 
 @lru_cache(maxsize=None)
-def _load(model_dir: str):
+def _load(model_dir: str, device: str = "cpu"):
     from actors.model.loader import LoadedModel, load_model
 
-    lm = load_model(model_dir, dtype=torch.float32)
+    lm = load_model(model_dir, dtype=torch.float32, device=device)
     return LoadedModel(lm.model, ByteTokenizer(), lm.config, Path(model_dir))
 
 
@@ -54,9 +54,12 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
         spec = spec.model_copy(update={"lookup_first": lookup_first or spec.lookup_first})
     cfg.setdefault("block_size", 4)
     cfg.setdefault("num_kv_blocks", 256)
+    cfg.setdefault("device", "cpu")  # the models are loaded there, in float32
+    cfg.setdefault("dtype", "float32")
     config = EngineConfig(model=str(model_dir), speculative=spec, num_threads=2, **cfg)
-    return LLMEngine(config, loaded=_load(str(model_dir)),
-                     draft_loaded=_load(str(draft_dir)) if draft == "draft" else None, spec_policy=spec_policy)
+    dev = cfg["device"]
+    return LLMEngine(config, loaded=_load(str(model_dir), dev),
+                     draft_loaded=_load(str(draft_dir), dev) if draft == "draft" else None, spec_policy=spec_policy)
 
 
 def random_prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 40, vocab: int = 256) -> list[list[int]]:

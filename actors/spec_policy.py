@@ -44,7 +44,8 @@ def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
 
 def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
                   base_yield: float | None = None, iterations: int = 6,
-                  min_gain: float = 0.0, widths: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+                  min_gain: float = 0.0, widths: np.ndarray | None = None,
+                  node_caps: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Depth per sequence maximising expected tokens per second of one step.
 
     gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
@@ -54,10 +55,14 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     verify_s(n) -> seconds for a forward of n tokens; draft_round_s(b) -> seconds of one draft
     round over b sequences; min_gain: drafts must beat plain decoding's goodput by this fraction
     (estimates are noisy: a predicted 1% gain is as likely a loss); widths: [B] draft nodes per
-    depth (a dynamic tree verifies ``width`` tokens per depth; default 1). Returns (depths [B] int,
-    goodput in tokens/s)."""
+    depth (a dynamic tree verifies ``width`` tokens per depth; default 1); node_caps: [B] at most
+    this many draft nodes per sequence whatever the depth (a dynamic tree's cap; default none).
+    Returns (depths [B] int, goodput in tokens/s)."""
     B, K = gains.shape
     w = np.ones(B, dtype=np.int64) if widths is None else np.asarray(widths, dtype=np.int64)
+    caps = np.full(B, np.iinfo(np.int64).max, dtype=np.int64) if node_caps is None else np.asarray(node_caps, np.int64)
+    # nodes[b, d]: draft nodes verified for sequence b at depth d (0..K); their per-depth increments
+    nodes = np.minimum(np.arange(K + 1)[None, :] * w[:, None], caps[:, None])  # [B, K+1]
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
@@ -65,25 +70,28 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     best_depths, best_rate = np.zeros(B, dtype=np.int64), plain_rate * (1 + min_gain)
     for cap in range(1, int(max_depths.max(initial=0)) + 1):
         mask = allowed & (cols <= cap)
+        reach = np.concatenate([np.ones((B, 1), dtype=bool), mask], axis=1)  # depths 0..K allowed [B, K+1]
+        cum = np.concatenate([np.zeros((B, 1)), np.cumsum(gains * mask, axis=1)], axis=1)  # tokens by depth
         take = mask.copy()
         rate = 0.0
-        for _ in range(iterations):  # Dinkelbach: keep positions whose gain beats the current rate
+        for _ in range(iterations):  # Dinkelbach: each depth maximises its gain less what it costs at this rate
             depths = take.sum(axis=1)
             n_draft = int((depths > 0).sum())
             if n_draft == 0:
                 break
-            extra = int((depths * w).sum())
+            extra = int(nodes[np.arange(B), depths].sum())
             t = verify_s(base_tokens + extra) + int(depths.max()) * draft_round_s(n_draft)
             new_rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if abs(new_rate - rate) < 1e-9 * max(new_rate, 1.0):
                 break
             rate = new_rate
             marginal_s = (verify_s(base_tokens + extra + 1) - verify_s(base_tokens + extra))  # per token
-            take = mask & (gains > rate * marginal_s * w[:, None])
-            take = np.cumprod(take, axis=1).astype(bool)  # a depth-j chain includes 1..j-1
+            # first maximum: a tie goes to the shallower depth (a gain must beat its cost)
+            best = np.where(reach, cum - rate * marginal_s * nodes, -np.inf).argmax(axis=1)
+            take = cols <= best[:, None]  # a depth-j draft includes 1..j-1
         depths = take.sum(axis=1)
         if depths.any():
-            t = verify_s(base_tokens + int((depths * w).sum())) + int(depths.max()) * draft_round_s(int((depths > 0).sum()))
+            t = verify_s(base_tokens + int(nodes[np.arange(B), depths].sum())) + int(depths.max()) * draft_round_s(int((depths > 0).sum()))
             rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if rate > best_rate * (1 + 1e-6):
                 best_depths, best_rate = depths.astype(np.int64), rate
@@ -241,6 +249,7 @@ class DecodeSlot:
     fixed: bool = False  # the request fixed its K: not optimised
     source: str | None = ""  # the proposer's draft_source for this sequence now (None: no draft)
     width: int = 1  # draft nodes per depth (a dynamic tree's width): what each depth costs to verify
+    node_cap: int | None = None  # a dynamic tree's cap on its draft nodes (what the deepest draft verifies)
 
 
 class SpecPolicy:
@@ -308,12 +317,13 @@ class SpecPolicy:
         rates = np.array([self.estimator(slots[i].source).rates(slots[i].seq_id, priors[slots[i].source])[:K]
                           for i in free])
         gains = np.cumprod(rates, axis=1)
-        fixed_extra = sum(d * s.width for d, s in zip(depths, slots))
+        fixed_extra = sum(min(d * s.width, s.node_cap or d * s.width) for d, s in zip(depths, slots))
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
             self.verify_model(num_seqs), self.draft_model(set(priors)), min_gain=self.min_gain,
             base_yield=len(slots) if base_yield is None else base_yield,
-            widths=np.array([slots[i].width for i in free]))
+            widths=np.array([slots[i].width for i in free]),
+            node_caps=np.array([slots[i].node_cap or slots[i].max_depth * slots[i].width for i in free]))
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         for i in free:  # a source never verified yet drafts its full depth once: that measures it

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft", default="ngram", help="proposer (as specray --draft)")
     ap.add_argument("--spec-tokens", type=int, default=5, help="the policy's maximum depth K")
     ap.add_argument("--tree-width", type=int, default=1, help="EAGLE drafts: dynamic trees of this width (1 = chains)")
+    ap.add_argument("--tree-nodes", type=int, default=None, help="those trees' cap on draft nodes (default width x K)")
     ap.add_argument("--prompts", default=None, help="a prompt-set JSONL (default: bench500)")
     ap.add_argument("--sample", type=int, default=64, help="stratified sample of the prompt set")
     ap.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies")
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     prompts = stratified_sample(load_prompt_set(args.prompts or default_prompts_path()), args.sample)
     backend = EngineBackend(args.model, args.max_tokens, warmup=0, engine_options={"num_threads": args.threads})
     modes = {"none": Variant(spec_tokens=0),
-             "auto": Variant(spec_tokens=args.spec_tokens, adaptive=True, tree_width=args.tree_width)}
+             "auto": Variant(spec_tokens=args.spec_tokens, adaptive=True, tree_width=args.tree_width,
+                             tree_nodes=args.tree_nodes)}
     # one engine stack for both modes: a bench session shares KV cache, proposer and policy
     with backend.session(args.draft, (modes["auto"],), prompts[0]) as run_once:
         run_once(modes["auto"], prompts[: min(16, len(prompts))], 16, 0.0)  # the policy's warm-up

@@ -40,7 +40,8 @@ class EngineBackend:
         tree = next((v.tree for v in variants if v.tree), None)
         max_k = max((v.spec_tokens or 0 for v in variants), default=0)
         spec = SpeculativeConfig.from_draft_arg(method, max_k, tree, adaptive=any(v.adaptive for v in variants),
-                                                tree_width=variants[0].tree_width)
+                                                tree_width=variants[0].tree_width,
+                                                tree_nodes=variants[0].tree_nodes)
         return EngineConfig(model=self.model, speculative=spec, **self.engine_options)
 
     def engine(self, cfg, proposer=None, spec_policy=None):

@@ -36,12 +36,14 @@ class Variant:
     tree: str | None = None
     adaptive: bool = False  # the engine's adaptive policy picks each depth, up to spec_tokens
     tree_width: int = 1  # > 1: the EAGLE head grows dynamic trees of this width (K depths)
+    tree_nodes: int | None = None  # those trees' cap on draft nodes (None: width x K)
 
     @property
     def label(self) -> str:
         if self.tree:
             return f"tree {self.tree}"
         width = f" w{self.tree_width}" if self.tree_width > 1 else ""
+        width += f" n{self.tree_nodes}" if self.tree_nodes is not None else ""
         if self.adaptive:
             return f"auto K<={self.spec_tokens}{width}"
         return "-" if self.spec_tokens is None else f"K={self.spec_tokens}{width}"
@@ -99,7 +101,8 @@ def run_row(run: Run) -> dict:
     for r in run.records:
         cats.setdefault(r.category, []).append(r)
     return {"method": run.method, "spec": run.variant.label, "spec_tokens": run.variant.spec_tokens,
-            "tree": run.variant.tree, "tree_width": run.variant.tree_width, "temperature": run.temperature, "concurrency": run.concurrency,
+            "tree": run.variant.tree, "tree_width": run.variant.tree_width,
+            "tree_nodes": run.variant.tree_nodes, "temperature": run.temperature, "concurrency": run.concurrency,
             **summarize(run.records, run.wall_s), "speedup": None, "decode_speedup": None,
             "categories": {c: {**summarize(rs), "speedup": None} for c, rs in sorted(cats.items())}}
 

@@ -39,18 +39,21 @@ def grows_trees(method: str) -> bool:
 
 
 def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,
-                adaptive: bool = False, tree_widths: tuple[int, ...] = (1,)) -> list[Group]:
+                adaptive: bool = False, tree_widths: tuple[int, ...] = (1,),
+                tree_nodes: tuple[int | None, ...] = (None,)) -> list[Group]:
     """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens);
-    tree_widths: for EAGLE methods, one group per width (1 = chains)."""
+    tree_widths: for EAGLE methods, one group per width (1 = chains); tree_nodes: for widths > 1,
+    one group per cap on a tree's draft nodes (None: width x K)."""
     groups = [Group(BASELINE, (Variant(),))]
     for m in methods:
         if m == BASELINE:
             continue
-        for w in tree_widths if grows_trees(m) else (1,):
-            variants = [Variant(spec_tokens=k, tree_width=w) for k in spec_tokens]
+        shapes = [(w, n) for w in (tree_widths if grows_trees(m) else (1,)) for n in (tree_nodes if w > 1 else (None,))]
+        for w, n in shapes:
+            variants = [Variant(spec_tokens=k, tree_width=w, tree_nodes=n) for k in spec_tokens]
             if adaptive:
                 variants.append(Variant(spec_tokens=max(spec_tokens, default=DEFAULT_MAX_K), adaptive=True,
-                                        tree_width=w))
+                                        tree_width=w, tree_nodes=n))
             groups.append(Group(m, tuple(variants)))
         if tree:
             groups.append(Group(m, (Variant(tree=tree),)))

@@ -19,7 +19,9 @@ class SpeculativeConfig(BaseModel):
     ``lookup_first``: draft by prompt lookup where a suffix of >= 2 tokens recurs and by the
     proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head).
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
-    likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py)."""
+    likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py);
+    ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
+    the cap keeps the verify forward small."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,6 +35,7 @@ class SpeculativeConfig(BaseModel):
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
     tree_width: int = Field(1, ge=1, le=8)
+    tree_nodes: int | None = Field(None, ge=1, le=64)
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
     adaptive: bool = True
@@ -52,6 +55,8 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"tree_width={self.tree_width} grows dynamic trees with an EAGLE head: use it with "
                              f"--draft default/eagle and without a fixed tree (got method {self.method!r}"
                              + (f", tree {self.tree}" if self.tree is not None else "") + ")")
+        if self.tree_nodes is not None and self.tree_width == 1:
+            raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with tree_width > 1")
         return self
 
     @property
@@ -64,16 +69,24 @@ class SpeculativeConfig(BaseModel):
 
     @property
     def max_nodes(self) -> int:
-        return expansion_num_nodes(self.expansion) * self.tree_width if self.expansion else 0
+        return self.draft_nodes(expansion_num_nodes(self.expansion), self.tree_width)
+
+    def draft_nodes(self, depth_nodes: int, width: int) -> int:
+        """Draft nodes of a draft with ``depth_nodes`` chain/tree nodes at ``width`` nodes per depth
+        (a dynamic tree's width, else 1), within the dynamic trees' cap."""
+        n = depth_nodes * width
+        return min(n, self.tree_nodes) if width > 1 and self.tree_nodes is not None else n
 
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
-                       adaptive: bool = True, tree_width: int = 1) -> "SpeculativeConfig":
+                       adaptive: bool = True, tree_width: int = 1,
+                       tree_nodes: int | None = None) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
         where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head
         alone), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
         draft = (draft or "none").strip()
-        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive, tree_width=tree_width)
+        kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive, tree_width=tree_width,
+                  tree_nodes=tree_nodes)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in ("default", "eagle"):

@@ -32,7 +32,11 @@ class DraftPlanning:
         if free and (self._hold_drafts or not policy.reserve(seq.seq_id, self._draft_source(seq))):
             return 0
         exp = self._expansion_for(seq, None)
-        return expansion_num_nodes(exp) * self._nodes_per_depth(seq, exp)
+        return self._draft_nodes(seq, exp)
+
+    def _draft_nodes(self, seq: Sequence, exp: list[int]) -> int:
+        """Draft nodes that ``seq``'s draft of expansion ``exp`` verifies at most."""
+        return self.config.speculative.draft_nodes(expansion_num_nodes(exp), self._nodes_per_depth(seq, exp))
 
     def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
@@ -71,7 +75,7 @@ class DraftPlanning:
         if self.spec_policy is not None and cands:
             cands = self._adapt_depths(scheduled, cands)
         return [DraftRequest(s.seq.seq_id, s.seq.token_ids, exp,
-                             min(s.num_spec, expansion_num_nodes(exp) * self._nodes_per_depth(s.seq, exp)),
+                             min(s.num_spec, self._draft_nodes(s.seq, exp)),
                              s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
                 for s, exp in cands]
 
@@ -101,7 +105,8 @@ class DraftPlanning:
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
-                            source=self._draft_source(s.seq), width=self._nodes_per_depth(s.seq, exp))
+                            source=self._draft_source(s.seq), width=self._nodes_per_depth(s.seq, exp),
+                            node_cap=self._draft_nodes(s.seq, exp))
                  for s, exp in cands]
         depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
                                          base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))

@@ -295,13 +295,24 @@ def test_tree_widths_make_one_group_per_width_for_eagle_methods_only():
                    ("default", [("K=5", 1), ("auto K<=5", 1)]), ("default", [("K=5 w3", 3), ("auto K<=5 w3", 3)]),
                    ("eagle:/x.safetensors", [("K=5", 1), ("auto K<=5", 1)]),
                    ("eagle:/x.safetensors", [("K=5 w3", 3), ("auto K<=5 w3", 3)])]
+    capped = plan_groups(["ngram", "default"], [6], tree_widths=(1, 3), tree_nodes=(8, 10))
+    assert [(g.method, [(v.label, v.tree_nodes) for v in g.variants]) for g in capped] == [
+        ("none", [("-", None)]), ("ngram", [("K=6", None)]), ("default", [("K=6", None)]),
+        ("default", [("K=6 w3 n8", 8)]), ("default", [("K=6 w3 n10", 10)])]
 
 
 def test_url_runs_refuse_engine_flags(capsys, prompts_file):
     url = f"http://127.0.0.1:{free_port()}"
-    for flag in (["--tree-width", "2"], ["--dtype", "bfloat16"]):
+    for flag in (["--tree-width", "2"], ["--tree-nodes", "8"], ["--dtype", "bfloat16"]):
         code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--url", url, *flag)
         assert code == 2 and "the server's" in err and flag[0] in err, err
+
+
+def test_tree_nodes_need_a_tree_width(capsys, prompts_file):
+    code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--tree-nodes", "8")
+    assert code == 2 and "--tree-nodes 8" in err and "--tree-width" in err, err
+    code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--tree-width", "3", "--tree-nodes", "0")
+    assert code == 2 and "--tree-nodes '0'" in err, err
 
 
 def test_early_exit_peer_puts_the_generation_config_back():

@@ -69,6 +69,20 @@ def test_wider_drafts_cost_more_tokens_to_verify():
     assert choose_depths(gains, np.array([3]), 1, flat, draft, widths=np.array([4]))[0][0] == 3
 
 
+def test_a_node_cap_is_what_a_wide_tree_costs():
+    """A width-4 tree capped at 2 nodes verifies 2 tokens whatever its depth: the chain's cost of
+    depth 2, so the policy takes it (and goes deeper, the extra depths verifying nothing more)."""
+    gains = np.array([[0.6, 0.5, 0.1]])
+    verify = lambda n: 0.01 + 0.003 * (n - 1)  # noqa: E731
+    draft = lambda b: 0.0  # noqa: E731
+    depths, rate = choose_depths(gains, np.array([3]), 1, verify, draft, widths=np.array([4]),
+                                 node_caps=np.array([2]))
+    assert depths[0] == 3 and rate == pytest.approx((1 + 1.2) / verify(3))
+    costly = lambda b: 0.0015  # noqa: E731  each depth a draft round: 2.1 tokens / 19 ms beat 2.2 / 20.5 ms
+    assert choose_depths(gains, np.array([3]), 1, verify, costly, widths=np.array([4]),
+                         node_caps=np.array([2]))[0][0] == 2
+
+
 # ---- the proposer on a tiny target ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -125,6 +139,21 @@ def test_greedy_trees_are_lossless_and_bounded(adaptive, lookup_first, tiny_targ
         assert max(t.num_draft_tokens for t in trees) == 9 and max(t.max_depth for t in trees) >= 2
         assert max(t.depths.count(1) for t in trees) == 3
     assert not head.states
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_node_cap_bounds_trees_and_keeps_them_lossless(adaptive, tiny_target_dir, tiny_head, tiny_prompts,
+                                                         tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=4, tree_width=3, tree_nodes=5,
+                      adaptive=adaptive, max_num_batched_tokens=32)
+    assert eng.config.speculative.max_nodes == 5
+    seen = _record_trees(eng.proposer)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=3)
+    assert [o.token_ids for o in outs] == tiny_baseline
+    trees = [t for _, t in seen if t.num_draft_tokens]
+    assert trees and all(t.num_draft_tokens <= 5 and r.max_nodes <= 5 for r, t in seen)
+    if not adaptive:
+        assert max(t.num_draft_tokens for t in trees) == 5
 
 
 def test_seeded_sampling_gives_plain_decodings_tokens(tiny_target_dir, tiny_head, tiny_prompts):
@@ -216,3 +245,9 @@ def test_tree_width_needs_an_eagle_head():
     with pytest.raises(ValueError, match="tree_width=2"):
         SpeculativeConfig.from_draft_arg("default", 5, tree="1,2", tree_width=2)
     assert SpeculativeConfig.from_draft_arg("default", 4, tree_width=3).max_nodes == 12
+    assert SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=7).max_nodes == 7
+    assert SpeculativeConfig.from_draft_arg("default", 2, tree_width=3, tree_nodes=7).max_nodes == 6
+    with pytest.raises(ValueError, match="tree_nodes=7"):
+        SpeculativeConfig.from_draft_arg("default", 4, tree_nodes=7)
+    with pytest.raises(ValueError, match="tree_nodes"):
+        SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=0)

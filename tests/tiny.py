@@ -40,7 +40,7 @@ def _load(model_dir: str, device: str = "cpu"):
 
 def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
                 tree=None, adaptive: bool = False, spec_policy=None, lookup_first: bool = False, tree_width: int = 1,
-                **cfg):
+                tree_nodes: int | None = None, **cfg):
     """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model.
     Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it)."""
     from cluster.config import EngineConfig, SpeculativeConfig
@@ -50,7 +50,8 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
         spec = SpeculativeConfig(method="draft", draft_model=str(draft_dir), num_spec_tokens=k, tree=tree,
                                  adaptive=adaptive)
     else:
-        spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=adaptive, tree_width=tree_width)
+        spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=adaptive, tree_width=tree_width,
+                                                tree_nodes=tree_nodes)
         spec = spec.model_copy(update={"lookup_first": lookup_first or spec.lookup_first})
     cfg.setdefault("block_size", 4)
     cfg.setdefault("num_kv_blocks", 256)

@@ -17,8 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--draft", default="ngram", help="proposer (as specray --draft)")
     ap.add_argument("--spec-tokens", type=int, default=5, help="the policy's maximum depth K")
-    ap.add_argument("--tree-width", type=int, default=1, help="EAGLE drafts: dynamic trees of this width (1 = chains)")
-    ap.add_argument("--tree-nodes", type=int, default=None, help="those trees' cap on draft nodes (default width x K)")
+    ap.add_argument("--tree-width", type=int, default=None,
+                    help="EAGLE drafts: dynamic trees of this width (1 = chains; default: the engine's)")
+    ap.add_argument("--tree-nodes", type=int, default=None, help="those trees' cap on draft nodes (default: the engine's)")
     ap.add_argument("--prompts", default=None, help="a prompt-set JSONL (default: bench500)")
     ap.add_argument("--sample", type=int, default=64, help="stratified sample of the prompt set")
     ap.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies")

@@ -35,14 +35,14 @@ class Variant:
     spec_tokens: int | None = None
     tree: str | None = None
     adaptive: bool = False  # the engine's adaptive policy picks each depth, up to spec_tokens
-    tree_width: int = 1  # > 1: the EAGLE head grows dynamic trees of this width (K depths)
-    tree_nodes: int | None = None  # those trees' cap on draft nodes (None: width x K)
+    tree_width: int | None = 1  # > 1: the EAGLE head grows dynamic trees of this width (K depths); None: the engine's default
+    tree_nodes: int | None = None  # those trees' cap on draft nodes (None: width x K, or the engine's default)
 
     @property
     def label(self) -> str:
         if self.tree:
             return f"tree {self.tree}"
-        width = f" w{self.tree_width}" if self.tree_width > 1 else ""
+        width = f" w{self.tree_width}" if (self.tree_width or 1) > 1 else ""
         width += f" n{self.tree_nodes}" if self.tree_nodes is not None else ""
         if self.adaptive:
             return f"auto K<={self.spec_tokens}{width}"

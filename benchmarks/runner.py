@@ -27,12 +27,12 @@ def add_bench_parser(sub) -> None:
                         "draft model (default: ngram,default); "
                         "the no-speculation baseline is always measured")
     b.add_argument("--temperature", default="0", metavar="T1,T2,...", help="sampling temperatures (seeded)")
-    b.add_argument("--tree-width", default="1", metavar="W1,W2,...",
+    b.add_argument("--tree-width", default=None, metavar="W1,W2,...",
                    help="for EAGLE methods (default, eagle, eagle:PATH): 1 = chains, W > 1 = dynamic trees keeping "
-                        "W candidates per depth (up to W x K nodes); one run per width")
+                        "W candidates per depth (up to W x K nodes); one run per width (default: the engine's, 3)")
     b.add_argument("--tree-nodes", default=None, metavar="N1,N2,...",
-                   help="with --tree-width W > 1: cap each dynamic tree at N draft nodes (default W x K); one run "
-                        "per width and cap")
+                   help="with a tree width W > 1: cap each dynamic tree at N draft nodes (default: 10 with the "
+                        "default width, else W x K); one run per width and cap")
     b.add_argument("--url", default=None, help="benchmark an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
     b.add_argument("--peers", action="store_true",
                    help="also run transformers' generate: plain, prompt lookup, assisted (draft models)")
@@ -47,7 +47,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     parts += [f"--concurrency {args.concurrency}", f"--temperature {args.temperature}",
               f"--spec-tokens {args.spec_tokens}", f"--warmup {args.warmup}"]
     parts += [f"--tree {args.tree}"] if args.tree else []
-    parts += [f"--tree-width {args.tree_width}"] if args.tree_width != "1" else []
+    parts += [f"--tree-width {args.tree_width}"] if args.tree_width else []
     parts += [f"--tree-nodes {args.tree_nodes}"] if args.tree_nodes else []
     parts += [f"--max-tokens {args.max_tokens}"] if args.max_tokens else []
     parts += [f"--threads {args.threads}"] if args.threads else []
@@ -70,7 +70,7 @@ def _backend(args):
 
 def cmd_bench(args) -> int:
     check_counts(args)
-    if args.url and (args.draft or args.tree or args.tree_width != "1" or args.tree_nodes or args.dtype != "auto"):
+    if args.url and (args.draft or args.tree or args.tree_width or args.tree_nodes or args.dtype != "auto"):
         raise ValueError(f"--url {args.url}: the method and dtype are the server's; "
                          f"drop --draft/--tree/--tree-width/--tree-nodes/--dtype")
     methods = parse_methods(args.draft or "ngram,default")
@@ -78,13 +78,13 @@ def cmd_bench(args) -> int:
     temperatures = parse_float_list("--temperature", args.temperature)
     spec_tokens, adaptive = parse_spec_tokens(args.spec_tokens)
     tree = check_tree(args.tree)
-    tree_widths = tuple(parse_int_list("--tree-width", args.tree_width))
-    if max(tree_widths) > 8:
+    tree_widths = tuple(parse_int_list("--tree-width", args.tree_width)) if args.tree_width else None
+    if tree_widths and max(tree_widths) > 8:
         raise ValueError(f"--tree-width {args.tree_width}: at most 8")
-    tree_nodes = tuple(parse_int_list("--tree-nodes", args.tree_nodes)) if args.tree_nodes else (None,)
-    if args.tree_nodes and max(tree_widths) == 1:
+    tree_nodes = tuple(parse_int_list("--tree-nodes", args.tree_nodes)) if args.tree_nodes else None
+    if args.tree_nodes and tree_widths and max(tree_widths) == 1:
         raise ValueError(f"--tree-nodes {args.tree_nodes} caps dynamic trees: add --tree-width W with W > 1")
-    if args.tree_nodes and max(tree_nodes) > 64:
+    if tree_nodes and max(tree_nodes) > 64:
         raise ValueError(f"--tree-nodes {args.tree_nodes}: at most 64")
     prompts_path, prompts = select_prompts(args.prompts, args.sample, args.seed)
     out_dir = Path(args.out) if args.out else None

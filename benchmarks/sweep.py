@@ -39,16 +39,21 @@ def grows_trees(method: str) -> bool:
 
 
 def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,
-                adaptive: bool = False, tree_widths: tuple[int, ...] = (1,),
-                tree_nodes: tuple[int | None, ...] = (None,)) -> list[Group]:
+                adaptive: bool = False, tree_widths: tuple[int, ...] | None = None,
+                tree_nodes: tuple[int | None, ...] | None = None) -> list[Group]:
     """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens);
-    tree_widths: for EAGLE methods, one group per width (1 = chains); tree_nodes: for widths > 1,
-    one group per cap on a tree's draft nodes (None: width x K)."""
+    tree_widths: for EAGLE methods, one group per width (1 = chains; None: the engine's default
+    width); tree_nodes: for widths > 1, one group per cap on a tree's draft nodes (None: the
+    engine's default cap with the default width, else width x K)."""
+    from cluster.config import DEFAULT_TREE_NODES, DEFAULT_TREE_WIDTH
+
+    widths = (DEFAULT_TREE_WIDTH,) if tree_widths is None else tree_widths
+    caps = tree_nodes or ((DEFAULT_TREE_NODES,) if tree_widths is None else (None,))
     groups = [Group(BASELINE, (Variant(),))]
     for m in methods:
         if m == BASELINE:
             continue
-        shapes = [(w, n) for w in (tree_widths if grows_trees(m) else (1,)) for n in (tree_nodes if w > 1 else (None,))]
+        shapes = [(w, n) for w in (widths if grows_trees(m) else (1,)) for n in (caps if w > 1 else (None,))]
         for w, n in shapes:
             variants = [Variant(spec_tokens=k, tree_width=w, tree_nodes=n) for k in spec_tokens]
             if adaptive:

@@ -23,12 +23,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(an EAGLE head file) | path of a draft model")
     p.add_argument("--spec-tokens", type=int, default=5, help="K: draft tokens per step (chain)")
     p.add_argument("--tree", default=None, help="expansion config, e.g. 1,1,3,1,1 (replaces the chain)")
-    p.add_argument("--tree-width", type=int, default=1, metavar="W",
+    p.add_argument("--tree-width", type=int, default=None, metavar="W",
                    help="EAGLE drafts (--draft default/eagle): a dynamic tree keeping the W likeliest candidates per "
-                        "depth, up to W x K nodes, instead of a chain (1)")
+                        "depth, up to W x K nodes; 1 = a chain (default: 3, with --tree-nodes 10; other drafts: 1)")
     p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
-                   help="with --tree-width > 1: verify at most N draft nodes of each dynamic tree, the likeliest "
-                        "(default W x K)")
+                   help="with a tree width > 1: verify at most N draft nodes of each dynamic tree, the likeliest "
+                        "(default: 10 for the default width, else W x K)")
     p.add_argument("--fixed-spec", action="store_true",
                    help="always draft the full K / tree (default: adapt each sequence's depth, 0..K, to measured "
                         "acceptance and draft/verify cost)")
@@ -85,7 +85,7 @@ def engine_config_from_args(args):
 
     spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, args.tree,
                                             adaptive=not getattr(args, "fixed_spec", False),
-                                            tree_width=getattr(args, "tree_width", 1),
+                                            tree_width=getattr(args, "tree_width", None),
                                             tree_nodes=getattr(args, "tree_nodes", None))
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,

@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from actors.tree import expansion_num_nodes, parse_expansion
 
 DEFAULT_MODEL = "smollm2-135m"
+# EAGLE drafts grow a dynamic tree of this width, capped at this many nodes, unless told otherwise:
+# on the 2-core CPU as fast as a chain at concurrency 1 and 8-15% faster at 16-64 (BENCHMARKS.md,
+# eleventh session)
+DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
 
 
 class SpeculativeConfig(BaseModel):
@@ -21,7 +25,8 @@ class SpeculativeConfig(BaseModel):
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
     likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py);
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
-    the cap keeps the verify forward small."""
+    the cap keeps the verify forward small. Unset, an EAGLE draft without a fixed ``tree`` gets
+    DEFAULT_TREE_WIDTH and DEFAULT_TREE_NODES, every other method a chain (width 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -34,7 +39,7 @@ class SpeculativeConfig(BaseModel):
     lookup_first: bool = False
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
-    tree_width: int = Field(1, ge=1, le=8)
+    tree_width: int | None = Field(None, ge=1, le=8)
     tree_nodes: int | None = Field(None, ge=1, le=64)
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
@@ -47,6 +52,11 @@ class SpeculativeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_method_args(self):
+        if self.tree_width is None:  # the method's default shape
+            dynamic = self.method == "eagle" and self.tree is None
+            self.tree_width = DEFAULT_TREE_WIDTH if dynamic else 1
+            if dynamic and self.tree_nodes is None:
+                self.tree_nodes = DEFAULT_TREE_NODES
         if self.method == "layerskip" and self.layerskip_layers is None:
             raise ValueError("method 'layerskip' needs layerskip_layers (use --draft layerskip:N)")
         if self.method == "draft" and not self.draft_model:
@@ -79,7 +89,7 @@ class SpeculativeConfig(BaseModel):
 
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
-                       adaptive: bool = True, tree_width: int = 1,
+                       adaptive: bool = True, tree_width: int | None = None,
                        tree_nodes: int | None = None) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
         where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head

@@ -40,8 +40,10 @@ class DraftPlanning:
 
     def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
-        fixed trees)."""
+        fixed trees; unseeded sampling, which needs independent draws from q, drafts chains)."""
         if not exp or any(w != 1 for w in exp) or self.config.speculative.tree_width == 1:
+            return 1
+        if not (seq.params.greedy or seq.params.seed is not None):
             return 1
         return self.proposer.nodes_per_depth(self._draft_source(seq))
 

@@ -295,6 +295,10 @@ def test_tree_widths_make_one_group_per_width_for_eagle_methods_only():
                    ("default", [("K=5", 1), ("auto K<=5", 1)]), ("default", [("K=5 w3", 3), ("auto K<=5 w3", 3)]),
                    ("eagle:/x.safetensors", [("K=5", 1), ("auto K<=5", 1)]),
                    ("eagle:/x.safetensors", [("K=5 w3", 3), ("auto K<=5 w3", 3)])]
+    # unset, EAGLE methods get the engine's default tree (and say so in the label)
+    assert [[v.label for v in g.variants] for g in plan_groups(["ngram", "eagle"], [5])] == [
+        ["-"], ["K=5"], ["K=5 w3 n10"]]
+    assert [v.label for v in plan_groups(["default"], [5], tree_nodes=(6,))[1].variants] == ["K=5 w3 n6"]
     capped = plan_groups(["ngram", "default"], [6], tree_widths=(1, 3), tree_nodes=(8, 10))
     assert [(g.method, [(v.label, v.tree_nodes) for v in g.variants]) for g in capped] == [
         ("none", [("-", None)]), ("ngram", [("K=6", None)]), ("default", [("K=6", None)]),
@@ -309,7 +313,7 @@ def test_url_runs_refuse_engine_flags(capsys, prompts_file):
 
 
 def test_tree_nodes_need_a_tree_width(capsys, prompts_file):
-    code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--tree-nodes", "8")
+    code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--tree-width", "1", "--tree-nodes", "8")
     assert code == 2 and "--tree-nodes 8" in err and "--tree-width" in err, err
     code, _, err = run_cli(capsys, "bench", "--prompts", str(prompts_file), "--tree-width", "3", "--tree-nodes", "0")
     assert code == 2 and "--tree-nodes '0'" in err, err

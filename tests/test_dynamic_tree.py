@@ -172,6 +172,8 @@ def test_unseeded_sampling_keeps_independent_chains(tiny_target_dir, tiny_head, 
     seen = _record_trees(eng.proposer)
     eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
     assert seen and all(t.num_draft_tokens <= 3 and t.max_depth == t.num_draft_tokens for _, t in seen)
+    # and the scheduler reserves (the policy charges) a chain's slots for them, not a tree's
+    assert all(r.max_nodes <= 3 for r, _ in seen)
 
 
 @torch.inference_mode()
@@ -245,9 +247,18 @@ def test_tree_width_needs_an_eagle_head():
     with pytest.raises(ValueError, match="tree_width=2"):
         SpeculativeConfig.from_draft_arg("default", 5, tree="1,2", tree_width=2)
     assert SpeculativeConfig.from_draft_arg("default", 4, tree_width=3).max_nodes == 12
+    # unset: EAGLE drafts grow the default capped tree, a fixed tree or another method stays as asked
+    dflt = SpeculativeConfig.from_draft_arg("default", 5)
+    assert (dflt.tree_width, dflt.tree_nodes, dflt.max_nodes) == (3, 10, 10)
+    assert SpeculativeConfig.from_draft_arg("eagle", 2).max_nodes == 6
+    assert SpeculativeConfig.from_draft_arg("default", 5, tree="1,2,1").tree_width == 1
+    assert SpeculativeConfig.from_draft_arg("ngram", 5).max_nodes == 5
+    assert SpeculativeConfig.from_draft_arg("default", 5, tree_width=1).max_nodes == 5
     assert SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=7).max_nodes == 7
     assert SpeculativeConfig.from_draft_arg("default", 2, tree_width=3, tree_nodes=7).max_nodes == 6
     with pytest.raises(ValueError, match="tree_nodes=7"):
-        SpeculativeConfig.from_draft_arg("default", 4, tree_nodes=7)
+        SpeculativeConfig.from_draft_arg("ngram", 4, tree_nodes=7)
+    with pytest.raises(ValueError, match="tree_nodes=7"):
+        SpeculativeConfig.from_draft_arg("default", 4, tree_width=1, tree_nodes=7)
     with pytest.raises(ValueError, match="tree_nodes"):
         SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=0)

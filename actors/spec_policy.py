@@ -61,7 +61,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     B, K = gains.shape
     w = np.ones(B, dtype=np.int64) if widths is None else np.asarray(widths, dtype=np.int64)
     caps = np.full(B, np.iinfo(np.int64).max, dtype=np.int64) if node_caps is None else np.asarray(node_caps, np.int64)
-    # nodes[b, d]: draft nodes verified for sequence b at depth d (0..K); their per-depth increments
+    # nodes[b, d]: draft nodes verified for sequence b at depth d (0..K)
     nodes = np.minimum(np.arange(K + 1)[None, :] * w[:, None], caps[:, None])  # [B, K+1]
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]

@@ -66,7 +66,8 @@ class SpeculativeConfig(BaseModel):
                              f"--draft default/eagle and without a fixed tree (got method {self.method!r}"
                              + (f", tree {self.tree}" if self.tree is not None else "") + ")")
         if self.tree_nodes is not None and self.tree_width == 1:
-            raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with tree_width > 1")
+            raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with an EAGLE draft "
+                             f"(--draft default/eagle) and a tree width > 1 (got method {self.method!r}, width 1)")
         return self
 
     @property

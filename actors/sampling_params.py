@@ -34,3 +34,10 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def deterministic(self) -> bool:
+        """Each token is fixed by the target's distribution alone (greedy, or the seed's race), so
+        verification needs no draft probabilities and a draft may offer several candidates per
+        position (a dynamic tree); unseeded sampling needs independent draws from q (chains)."""
+        return self.greedy or self.seed is not None

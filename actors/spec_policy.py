@@ -251,6 +251,11 @@ class DecodeSlot:
     width: int = 1  # draft nodes per depth (a dynamic tree's width): what each depth costs to verify
     node_cap: int | None = None  # a dynamic tree's cap on its draft nodes (what the deepest draft verifies)
 
+    def nodes_at(self, depth: int) -> int:
+        """Draft nodes verified when this slot drafts ``depth`` deep."""
+        n = depth * self.width
+        return n if self.node_cap is None else min(n, self.node_cap)
+
 
 class SpecPolicy:
     def __init__(self, max_depth: int, explore_every: int = 32, prior_rate: float = 0.5, min_gain: float = 0.02):
@@ -317,13 +322,13 @@ class SpecPolicy:
         rates = np.array([self.estimator(slots[i].source).rates(slots[i].seq_id, priors[slots[i].source])[:K]
                           for i in free])
         gains = np.cumprod(rates, axis=1)
-        fixed_extra = sum(min(d * s.width, s.node_cap or d * s.width) for d, s in zip(depths, slots))
+        fixed_extra = sum(s.nodes_at(d) for d, s in zip(depths, slots))
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
             self.verify_model(num_seqs), self.draft_model(set(priors)), min_gain=self.min_gain,
             base_yield=len(slots) if base_yield is None else base_yield,
             widths=np.array([slots[i].width for i in free]),
-            node_caps=np.array([slots[i].node_cap or slots[i].max_depth * slots[i].width for i in free]))
+            node_caps=np.array([slots[i].nodes_at(slots[i].max_depth) for i in free]))
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         for i in free:  # a source never verified yet drafts its full depth once: that measures it

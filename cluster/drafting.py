@@ -43,7 +43,7 @@ class DraftPlanning:
         fixed trees; unseeded sampling, which needs independent draws from q, drafts chains)."""
         if not exp or any(w != 1 for w in exp) or self.config.speculative.tree_width == 1:
             return 1
-        if not (seq.params.greedy or seq.params.seed is not None):
+        if not seq.params.deterministic:
             return 1
         return self.proposer.nodes_per_depth(self._draft_source(seq))
 

@@ -74,14 +74,13 @@ class EagleProposer(Proposer):
     name = "eagle"
     needs_hidden = True  # the engine must call observe() with the target's features
 
-    def __init__(self, head: EagleHead, tree_width: int = 1, tree_nodes: int | None = None):
+    def __init__(self, head: EagleHead, tree_width: int = 1):
         """tree_width > 1: greedy and seeded requests get a dynamic tree (actors/dynamic_tree.py)
-        keeping that many candidates per depth, up to tree_width x depth nodes, or tree_nodes."""
+        keeping that many candidates per depth, of at most the request's max_nodes nodes (the
+        engine's W x depth, or its tree_nodes cap)."""
         if tree_width < 1:
             raise ValueError(f"tree_width={tree_width}: must be at least 1")
-        if tree_nodes is not None and tree_nodes < 1:
-            raise ValueError(f"tree_nodes={tree_nodes}: must be at least 1")
-        self.head, self.tree_width, self.tree_nodes = head, tree_width, tree_nodes
+        self.head, self.tree_width = head, tree_width
         c = head.cfg
         self.kv_shape = (c.num_kv_heads, c.head_dim)
         self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
@@ -207,14 +206,10 @@ class EagleProposer(Proposer):
         """Dynamic tree for this request: a width > 1, a budget beyond a chain, and drafts the
         target checks deterministically (greedy, or seeded: the race decides, q plays no part)."""
         return (self.tree_width > 1 and r.max_nodes > len(r.expansion) and all(w == 1 for w in r.expansion)
-                and (r.params.greedy or r.params.seed is not None))
+                and r.params.deterministic)
 
     def nodes_per_depth(self, source: str | None) -> int:
         return self.tree_width if source == self.name else 1
-
-    def nodes_for(self, depth: int) -> int:
-        """Draft nodes of a dynamic tree of ``depth`` (what the engine reserves and verifies)."""
-        return depth * self.tree_width if self.tree_nodes is None else min(depth * self.tree_width, self.tree_nodes)
 
     def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, idx: list[int]) -> list[TokenTree]:
         """feats [B, H]: f̂ after each request's last committed entry; idx: the cache index of its
@@ -236,7 +231,7 @@ class EagleProposer(Proposer):
             feats = self._tree_step(front, feats[[src[(j, pools[j].parents[c])] for j, c in front]],
                                     pools, reqs, idx, entry, nxt)
             rows = front
-        return [p.to_tree(min(r.max_nodes, self.nodes_for(len(r.expansion)))) for p, r in zip(pools, reqs)]
+        return [p.to_tree(r.max_nodes) for p, r in zip(pools, reqs)]
 
     def _candidates(self, feats, rows, reqs, depth) -> list[list[tuple[int, float]]]:
         """Per row: the ``tree_width`` best next tokens and their draft log-probabilities."""
@@ -308,8 +303,7 @@ def observe_committed(proposer, scheduled, chunks, trees: dict[int, TokenTree], 
         start += len(chunk.token_ids)
 
 
-def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1,
-                         tree_nodes: int | None = None) -> EagleProposer:
+def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1) -> EagleProposer:
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
@@ -329,4 +323,4 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     # bf16 whatever the target's dtype: the head is memory-bound at batch 1, and on the 2-core CPU
     # its 8,192-row LM head takes 0.8 ms in bf16 vs 2.3 ms in fp32 per draft token
     head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
-    return EagleProposer(head.attach(target, f"target {model!r}"), tree_width, tree_nodes)
+    return EagleProposer(head.attach(target, f"target {model!r}"), tree_width)

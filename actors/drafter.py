@@ -58,6 +58,12 @@ class Proposer(ABC):
         width w: w; a chain: 1): what the engine reserves and the adaptive policy pays for."""
         return 1
 
+    def sampled_siblings(self, source: str | None) -> int:
+        """Distinct draws this proposer makes at the first depth of an unseeded sampled request's
+        chain from ``source`` (1: a plain chain). Multi-step speculative sampling tries them in
+        turn, so the first position is accepted more often for one more verified node each."""
+        return 1
+
 
 class NgramProposer(Proposer):
     """Prompt lookup: find the longest suffix (``n_max`` down to ``n_min`` tokens) that occurred
@@ -126,6 +132,9 @@ class MergedProposer(Proposer):
     def nodes_per_depth(self, source: str | None) -> int:
         return max(p.nodes_per_depth(source) for p in self.proposers)
 
+    def sampled_siblings(self, source: str | None) -> int:
+        return max(p.sampled_siblings(source) for p in self.proposers)
+
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         per = [p.propose(reqs) for p in self.proposers]
         return [truncate_tree(merge_trees([t[i] for t in per]), r.max_nodes) for i, r in enumerate(reqs)]
@@ -156,6 +165,9 @@ class FallbackProposer(Proposer):
 
     def nodes_per_depth(self, source: str | None) -> int:
         return max(self.first.nodes_per_depth(source), self.second.nodes_per_depth(source))
+
+    def sampled_siblings(self, source: str | None) -> int:
+        return max(self.first.sampled_siblings(source), self.second.sampled_siblings(source))
 
     def observe(self, seq_id: int, start: int, features) -> None:
         for p in (self.first, self.second):

@@ -15,7 +15,7 @@ import torch
 
 from actors.drafter import DraftRequest, Proposer
 from actors.kv_allocator import KVBlockAllocator
-from actors.sampling import logits_to_probs, on_generator_device, race_top
+from actors.sampling import logits_to_probs, race_top, sample_distinct
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 
@@ -49,12 +49,11 @@ def _expand(job: _Job, depth: int, rows: torch.Tensor) -> None:
         p = req.params
         probs = logits_to_probs(rows.float(), p.temperature, p.top_k, p.top_p)
         for parent, q in zip(job.frontier, probs):
-            if p.seed is None:  # independent draws from q: what multi-step speculative sampling needs
-                toks = torch.multinomial(on_generator_device(q, req.generator), width, replacement=True,
-                                         generator=req.generator).tolist()
+            if p.seed is None:  # distinct draws from q, each with the q it was drawn from (multi-step
+                picks, proposals = sample_distinct(q, width, req.generator)  # speculative sampling)
+                new += [job.tree.add(parent, int(t), r) for t, r in zip(picks, proposals)]
             else:  # seeded: the target will pick argmax(p / E) with this position's race; guess its top-width
-                toks = race_top(q, p.seed, job.ctx + depth + 1, width)
-            new += [job.tree.add(parent, int(t), q) for t in toks]
+                new += [job.tree.add(parent, int(t), q) for t in race_top(q, p.seed, job.ctx + depth + 1, width)]
     job.frontier = new
 
 

@@ -73,12 +73,6 @@ def _top_p_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> tuple[to
     return probs.sort(dim=-1, descending=True)
 
 
-def on_generator_device(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``x`` on ``generator``'s device (a request's generator lives on the CPU, so its draws are the
-    same whatever device the model runs on; torch refuses a CPU generator for CUDA tensors)."""
-    return x if generator is None or x.device == generator.device else x.to(generator.device)
-
-
 def uniform(generator: torch.Generator | None, device: torch.device | str) -> float:
     """One U[0, 1) draw (float64) from ``generator``, whichever device the caller's tensors are on."""
     where = generator.device if generator is not None else device
@@ -93,6 +87,31 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     where = generator.device if generator is not None else probs.device
     race = torch.empty(probs.shape, dtype=torch.float64, device=where).exponential_(generator=generator)
     return _race_winner(probs, race.to(probs.device))
+
+
+def sample_distinct(q: torch.Tensor, width: int, generator: torch.Generator | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [S] -> (picks [w] int64, proposals [w, S]): up to ``width`` distinct tokens drawn one after
+    another without replacement (w = fewer if q has fewer tokens with mass), and the distribution
+    each was drawn from: proposals[k] is q without picks[:k], renormalised.
+
+    Siblings for multi-step speculative sampling (recursive rejection sampling, Jeon et al. 2024):
+    a rejected draft x has p(x) < q(x), so the residual gives it no mass and a second draw of it
+    could never be accepted; drawing distinct siblings, each verified against the proposal it came
+    from, stays lossless and wastes no node. One exponential race over q (Gumbel-top-k): its top-w
+    are such a sequence of draws."""
+    if q.dim() != 1:
+        raise ValueError(f"sample_distinct() takes one [S] distribution, got shape {tuple(q.shape)}")
+    w = min(width, int((q > 0).sum()))
+    if w < 1:
+        raise ValueError("cannot sample from a distribution with no positive mass")
+    where = generator.device if generator is not None else q.device
+    race = torch.empty(q.shape, dtype=torch.float64, device=where).exponential_(generator=generator).to(q.device)
+    picks = race_scores(q, race).topk(w).indices  # [w]
+    proposals = q.unsqueeze(0).repeat(w, 1)  # [w, S]
+    for k in range(1, w):
+        proposals[k:, picks[k - 1]] = 0.0
+    return picks, proposals / proposals.sum(dim=-1, keepdim=True)
 
 
 def race_scores(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,8 @@ def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
 def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
                   base_yield: float | None = None, iterations: int = 6,
                   min_gain: float = 0.0, widths: np.ndarray | None = None,
-                  node_caps: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+                  node_caps: np.ndarray | None = None,
+                  extra_nodes: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Depth per sequence maximising expected tokens per second of one step.
 
     gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
@@ -56,13 +57,16 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     round over b sequences; min_gain: drafts must beat plain decoding's goodput by this fraction
     (estimates are noisy: a predicted 1% gain is as likely a loss); widths: [B] draft nodes per
     depth (a dynamic tree verifies ``width`` tokens per depth; default 1); node_caps: [B] at most
-    this many draft nodes per sequence whatever the depth (a dynamic tree's cap; default none).
-    Returns (depths [B] int, goodput in tokens/s)."""
+    this many draft nodes per sequence whatever the depth (a dynamic tree's cap; default none);
+    extra_nodes: [B] nodes any draft of depth >= 1 adds once (sibling draws at the first depth;
+    default 0). Returns (depths [B] int, goodput in tokens/s)."""
     B, K = gains.shape
     w = np.ones(B, dtype=np.int64) if widths is None else np.asarray(widths, dtype=np.int64)
     caps = np.full(B, np.iinfo(np.int64).max, dtype=np.int64) if node_caps is None else np.asarray(node_caps, np.int64)
     # nodes[b, d]: draft nodes verified for sequence b at depth d (0..K)
-    nodes = np.minimum(np.arange(K + 1)[None, :] * w[:, None], caps[:, None])  # [B, K+1]
+    once = np.zeros(B, dtype=np.int64) if extra_nodes is None else np.asarray(extra_nodes, dtype=np.int64)
+    d = np.arange(K + 1)[None, :]
+    nodes = np.minimum(d * w[:, None] + (d > 0) * once[:, None], caps[:, None])  # [B, K+1]
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
@@ -250,10 +254,11 @@ class DecodeSlot:
     source: str | None = ""  # the proposer's draft_source for this sequence now (None: no draft)
     width: int = 1  # draft nodes per depth (a dynamic tree's width): what each depth costs to verify
     node_cap: int | None = None  # a dynamic tree's cap on its draft nodes (what the deepest draft verifies)
+    siblings: int = 1  # distinct draws at the first depth of a sampled chain (each one more node)
 
     def nodes_at(self, depth: int) -> int:
         """Draft nodes verified when this slot drafts ``depth`` deep."""
-        n = depth * self.width
+        n = depth * self.width + (self.siblings - 1 if depth > 0 else 0)
         return n if self.node_cap is None else min(n, self.node_cap)
 
 
@@ -328,7 +333,8 @@ class SpecPolicy:
             self.verify_model(num_seqs), self.draft_model(set(priors)), min_gain=self.min_gain,
             base_yield=len(slots) if base_yield is None else base_yield,
             widths=np.array([slots[i].width for i in free]),
-            node_caps=np.array([slots[i].nodes_at(slots[i].max_depth) for i in free]))
+            node_caps=np.array([slots[i].nodes_at(slots[i].max_depth) for i in free]),
+            extra_nodes=np.array([slots[i].siblings - 1 for i in free]))
         for i, d in zip(free, chosen.tolist()):
             depths[i] = int(d)
         for i in free:  # a source never verified yet drafts its full depth once: that measures it

@@ -16,13 +16,14 @@ from contextlib import contextmanager
 
 from benchmarks.prompt_set import BenchPrompt
 from benchmarks.results import RequestRecord, Run, Variant
-from benchmarks.sweep import RunOnce
+from benchmarks.sweep import RunOnce, request_seed
 
 
 class EngineBackend:
-    def __init__(self, model: str, max_tokens: int | None, seed: int = 0, warmup: int = 1,
+    def __init__(self, model: str, max_tokens: int | None, seed: int | None = 0, warmup: int = 1,
                  engine_options: dict | None = None):
-        """engine_options: EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype)."""
+        """seed: of the first prompt's sampling (None: sampled requests get no seed); engine_options:
+        EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype)."""
         from actors.model.loader import load_model
         from cluster.runtime import resolve_device_dtype
 
@@ -79,7 +80,7 @@ class EngineBackend:
         from actors.sampling_params import SamplingParams
 
         params = [SamplingParams(max_tokens=p.budget(self.max_tokens), temperature=temperature,
-                                 seed=self.seed + i if temperature > 0 else None,
+                                 seed=request_seed(self.seed, i, temperature),
                                  spec_tokens=None if variant.adaptive else variant.spec_tokens)
                   for i, p in enumerate(prompts)]
         start = time.perf_counter()

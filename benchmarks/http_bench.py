@@ -18,13 +18,13 @@ from contextlib import contextmanager
 
 from benchmarks.prompt_set import BenchPrompt
 from benchmarks.results import BASELINE, RequestRecord, Run, Variant
-from benchmarks.sweep import RunOnce
+from benchmarks.sweep import RunOnce, request_seed
 
 CONNECT_TIMEOUT_S = 10.0
 
 
 class HttpBackend:
-    def __init__(self, url: str, max_tokens: int | None, seed: int = 0, warmup: int = 1,
+    def __init__(self, url: str, max_tokens: int | None, seed: int | None = 0, warmup: int = 1,
                  request_timeout_s: float = 600.0):
         self.url = url.rstrip("/")
         self.max_tokens, self.seed, self.warmup, self.timeout = max_tokens, seed, warmup, request_timeout_s
@@ -73,8 +73,8 @@ class HttpBackend:
         async def client_loop(client) -> None:
             for i in todo:  # shared iterator: each closed-loop client takes the next prompt when free
                 budget = max_tokens or prompts[i].budget(self.max_tokens)
-                seed = self.seed + i if temperature > 0 else None
-                records[i] = await self._one(client, prompts[i], budget, temperature, seed, spec_tokens)
+                records[i] = await self._one(client, prompts[i], budget, temperature,
+                                             request_seed(self.seed, i, temperature), spec_tokens)
 
         async with self._client(self.timeout) as client:
             await asyncio.gather(*(client_loop(client) for _ in range(min(concurrency, len(prompts)))))

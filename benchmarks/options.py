@@ -111,6 +111,10 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="N prompts, stratified by category (deterministic for a --seed)")
     p.add_argument("--seed", type=int, default=0, help="sample choice and per-request sampling seeds")
+    p.add_argument("--unseeded", action="store_true",
+                   help="sampled requests carry no seed, as most API clients send: fresh randomness and "
+                        "multi-step speculative sampling (outputs differ between runs); default: seeded, "
+                        "every variant emits the same tokens")
     p.add_argument("--concurrency", default=concurrency, metavar="C1,C2,...", help="requests in flight")
     p.add_argument("--spec-tokens", default=spec_tokens, metavar="K1,K2,...[,auto]",
                    help="draft tokens per step (chain); `auto` adds a run of the adaptive policy up to the largest K")
@@ -125,6 +129,11 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
                    help="KV cache size of the in-process engine (default: the engine's); high concurrency "
                         "with long prompts needs more, or the scheduler holds requests back")
     p.add_argument("--json", action="store_true", help="print the JSON document instead of Markdown tables")
+
+
+def sampling_seed(args) -> int | None:
+    """The first prompt's sampling seed (None with --unseeded)."""
+    return None if args.unseeded else args.seed
 
 
 def check_counts(args) -> None:

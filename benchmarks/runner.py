@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.options import (DEFAULT_MAX_K, add_common_args, check_counts, check_tree, engine_options,
-                                parse_float_list, parse_int_list, parse_methods, parse_spec_tokens, select_prompts)
+                                parse_float_list, parse_int_list, parse_methods, parse_spec_tokens, sampling_seed,
+                                select_prompts)
 from benchmarks.results import add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
 
@@ -26,7 +27,8 @@ def add_bench_parser(sub) -> None:
                         "the committed EAGLE head elsewhere) | eagle (that head alone) | eagle:PATH | "
                         "draft model (default: ngram,default); "
                         "the no-speculation baseline is always measured")
-    b.add_argument("--temperature", default="0", metavar="T1,T2,...", help="sampling temperatures (seeded)")
+    b.add_argument("--temperature", default="0", metavar="T1,T2,...",
+                   help="sampling temperatures (seeded unless --unseeded)")
     b.add_argument("--tree-width", default=None, metavar="W1,W2,...",
                    help="for EAGLE methods (default, eagle, eagle:PATH): 1 = chains, W > 1 = dynamic trees keeping "
                         "W candidates per depth (up to W x K nodes); one run per width (default: the engine's, 3)")
@@ -43,6 +45,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     """The run as an explicit command line (defaults spelled out), for the report."""
     parts = ["specray bench", f"--prompts {prompts_path}"]
     parts += [f"--sample {args.sample} --seed {args.seed}"] if args.sample else []
+    parts += ["--unseeded"] if args.unseeded else []
     parts += [f"--url {args.url}"] if args.url else [f"--model {args.model}", f"--draft {','.join(methods)}"]
     parts += [f"--concurrency {args.concurrency}", f"--temperature {args.temperature}",
               f"--spec-tokens {args.spec_tokens}", f"--warmup {args.warmup}"]
@@ -61,11 +64,11 @@ def _backend(args):
     if args.url:
         from benchmarks.http_bench import HttpBackend
 
-        b = HttpBackend(args.url, args.max_tokens, args.seed, args.warmup)
+        b = HttpBackend(args.url, args.max_tokens, sampling_seed(args), args.warmup)
         return b, [b.server_model]
     from benchmarks.engine_bench import EngineBackend
 
-    return EngineBackend(args.model, args.max_tokens, args.seed, args.warmup, engine_options(args)), None
+    return EngineBackend(args.model, args.max_tokens, sampling_seed(args), args.warmup, engine_options(args)), None
 
 
 def cmd_bench(args) -> int:
@@ -99,7 +102,7 @@ def cmd_bench(args) -> int:
     from benchmarks.report import document, markdown
 
     settings = {"backend": args.url or "in-process", "max_tokens": args.max_tokens or "per prompt",
-                "warmup": args.warmup, "seed": args.seed}
+                "warmup": args.warmup, "seed": args.seed, "sampling": "unseeded" if args.unseeded else "seeded"}
     doc = document(rows, prompts_path, prompts, settings, _command(args, methods, prompts_path), peers)
     md = markdown(doc)
     if out_dir is not None:

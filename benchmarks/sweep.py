@@ -20,6 +20,13 @@ from benchmarks.results import BASELINE, Run, Variant
 RunOnce = Callable[[Variant, list[BenchPrompt], int, float], Run]  # variant, prompts, concurrency, temperature
 
 
+def request_seed(seed: int | None, index: int, temperature: float) -> int | None:
+    """The sampling seed of the ``index``-th prompt: ``seed + index`` for sampled requests (every
+    variant then emits the same tokens: seeded sampling is drafter-invariant), none for greedy ones
+    or when ``seed`` is None (``--unseeded``: fresh randomness, as most API clients send)."""
+    return seed + index if seed is not None and temperature > 0 else None
+
+
 class Backend(Protocol):
     def session(self, method: str, variants: tuple[Variant, ...],
                 warmup_prompt: BenchPrompt) -> AbstractContextManager[RunOnce]: ...

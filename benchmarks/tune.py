@@ -13,7 +13,7 @@ import json
 import math
 
 from benchmarks.options import (add_common_args, check_counts, check_method, check_tree, engine_options,
-                                parse_float_list, parse_int_list, select_prompts)
+                                parse_float_list, parse_int_list, sampling_seed, select_prompts)
 from benchmarks.report import fmt, md_table
 from benchmarks.results import BASELINE, add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
@@ -25,7 +25,7 @@ def add_tune_parser(sub) -> None:
     t = sub.add_parser("tune", help="sweep K for one draft method and recommend the best (playbook Phase 3)")
     add_common_args(t, concurrency="1", spec_tokens="1,2,3,4,5,6,7,8")
     t.add_argument("--draft", required=True, help="the method to tune: ngram | layerskip:N | default | eagle:PATH | draft model")
-    t.add_argument("--temperature", default="0", help="one sampling temperature (seeded)")
+    t.add_argument("--temperature", default="0", help="one sampling temperature (seeded unless --unseeded)")
     t.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, metavar="FRACTION",
                    help="tokens/s within this fraction of the best count as a tie (smaller K wins)")
 
@@ -85,7 +85,7 @@ def cmd_tune(args) -> int:
     concurrency = parse_int_list("--concurrency", args.concurrency)
     groups = plan_groups([method], parse_int_list("--spec-tokens", args.spec_tokens), check_tree(args.tree))
     _, prompts = select_prompts(args.prompts, args.sample, args.seed)
-    backend = EngineBackend(args.model, args.max_tokens, args.seed, args.warmup, engine_options(args))
+    backend = EngineBackend(args.model, args.max_tokens, sampling_seed(args), args.warmup, engine_options(args))
     rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temps, concurrency)]
     add_speedups(rows)
     rec = recommend(rows, args.tie_tolerance)

@@ -25,8 +25,10 @@ class SpeculativeConfig(BaseModel):
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
     likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py);
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
-    the cap keeps the verify forward small. Unset, an EAGLE draft without a fixed ``tree`` gets
-    DEFAULT_TREE_WIDTH and DEFAULT_TREE_NODES, every other method a chain (width 1)."""
+    the cap keeps the verify forward small. Unseeded sampled requests cannot take a dynamic tree
+    (its candidates are not draws from q): they draft a chain with up to ``tree_width`` distinct
+    draws at its first depth, within the cap. Unset, an EAGLE draft without a fixed ``tree`` gets DEFAULT_TREE_WIDTH and
+    DEFAULT_TREE_NODES, every other method a chain (width 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,7 +82,11 @@ class SpeculativeConfig(BaseModel):
 
     @property
     def max_nodes(self) -> int:
-        return self.draft_nodes(expansion_num_nodes(self.expansion), self.tree_width)
+        """Draft nodes one sequence may verify in a step: a dynamic tree within its cap, or the chain
+        that unseeded sampled requests draft instead (with up to tree_width distinct draws at its
+        first depth, within the cap; a chain longer than the cap stays a chain)."""
+        n = expansion_num_nodes(self.expansion)
+        return max(self.draft_nodes(n, self.tree_width), n)
 
     def draft_nodes(self, depth_nodes: int, width: int) -> int:
         """Draft nodes of a draft with ``depth_nodes`` chain/tree nodes at ``width`` nodes per depth

@@ -36,7 +36,28 @@ class DraftPlanning:
 
     def _draft_nodes(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes that ``seq``'s draft of expansion ``exp`` verifies at most."""
+        siblings = self._siblings(seq, exp)
+        if siblings > 1:
+            return len(exp) + siblings - 1
         return self.config.speculative.draft_nodes(expansion_num_nodes(exp), self._nodes_per_depth(seq, exp))
+
+    def _siblings(self, seq: Sequence, exp: list[int]) -> int:
+        """Distinct draws at the first depth of ``seq``'s chain ``exp``: the proposer's sampled
+        siblings for unseeded sampled requests (which draft chains, not dynamic trees), else 1;
+        as many as the request's full chain leaves room for within the tree_nodes cap, at any depth."""
+        spec = self.config.speculative
+        if seq.params.deterministic or not exp or any(w != 1 for w in exp) or spec.tree_width == 1:
+            return 1
+        siblings = self.proposer.sampled_siblings(self._draft_source(seq))
+        if spec.tree_nodes is not None:
+            k = seq.params.spec_tokens if seq.params.spec_tokens is not None else len(spec.expansion)
+            siblings = min(siblings, spec.tree_nodes - k + 1)
+        return max(1, siblings)
+
+    def _with_siblings(self, seq: Sequence, exp: list[int], slots: int) -> list[int]:
+        """The chain ``exp`` with its first depth widened to ``seq``'s siblings, within ``slots`` nodes."""
+        siblings = min(self._siblings(seq, exp), slots - len(exp) + 1)
+        return [siblings, *exp[1:]] if siblings > 1 else exp
 
     def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
@@ -76,7 +97,7 @@ class DraftPlanning:
         cands = [(s, exp) for s, exp in cands if exp]
         if self.spec_policy is not None and cands:
             cands = self._adapt_depths(scheduled, cands)
-        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, exp,
+        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
                              min(s.num_spec, self._draft_nodes(s.seq, exp)),
                              s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
                 for s, exp in cands]
@@ -108,7 +129,7 @@ class DraftPlanning:
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
                             source=self._draft_source(s.seq), width=self._nodes_per_depth(s.seq, exp),
-                            node_cap=self._draft_nodes(s.seq, exp))
+                            node_cap=self._draft_nodes(s.seq, exp), siblings=self._siblings(s.seq, exp))
                  for s, exp in cands]
         depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
                                          base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))

@@ -258,6 +258,19 @@ def test_url_bench_streams_with_parallel_clients(capsys, prompts_file, fake_serv
     assert runs[("none", 2)]["tokens_per_s"] > 1.3 * runs[("none", 1)]["tokens_per_s"]  # clients run in parallel
 
 
+def test_url_bench_unseeded_sends_no_seeds(capsys, prompts_file, fake_server):
+    url, seen = fake_server
+    before = len(seen)
+    code, out, err = run_cli(capsys, "bench", "--url", url, "--prompts", str(prompts_file), "--sample", "2",
+                             "--concurrency", "1", "--temperature", "1.0", "--spec-tokens", "2",
+                             "--max-tokens", "5", "--unseeded", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    measured = [b for b in seen[before:] if b["max_tokens"] == 5]
+    assert len(measured) == 4 and all(b.get("seed") is None and b["temperature"] == 1.0 for b in measured)
+    assert doc["settings"]["sampling"] == "unseeded" and "--unseeded" in doc["command"]
+
+
 def test_ab_adaptive_alternates_and_prints_ratios(capsys, prompts_file, default_model_dir):
     from benchmarks.ab_adaptive import main
 

@@ -83,6 +83,24 @@ def test_a_node_cap_is_what_a_wide_tree_costs():
                          node_caps=np.array([2]))[0][0] == 2
 
 
+def test_first_depth_siblings_are_paid_once():
+    """A chain with 3 draws at its first depth verifies d + 2 nodes at depth d >= 1 (nothing at 0):
+    the policy charges the two extra nodes to any draft, and still drafts where they pay."""
+    from actors.spec_policy import DecodeSlot
+
+    slot = DecodeSlot(1, 4, siblings=3)
+    assert [slot.nodes_at(d) for d in range(5)] == [0, 3, 4, 5, 6]
+    assert DecodeSlot(1, 4, siblings=3, node_cap=5).nodes_at(4) == 5
+    gains = np.array([[0.5, 0.2, 0.05]])
+    verify = lambda n: 0.01 + 0.003 * (n - 1)  # noqa: E731
+    draft = lambda b: 0.0  # noqa: E731
+    assert choose_depths(gains, np.array([3]), 1, verify, draft)[0][0] == 1  # 1.5 tokens for 1.3 steps
+    assert choose_depths(gains, np.array([3]), 1, verify, draft, extra_nodes=np.array([2]))[0][0] == 0  # 1.9 steps
+    flat = lambda n: 0.01 + 1e-5 * n  # noqa: E731
+    depths, rate = choose_depths(gains, np.array([3]), 1, flat, draft, extra_nodes=np.array([2]))
+    assert depths[0] == 3 and rate == pytest.approx(1.75 / flat(6))
+
+
 # ---- the proposer on a tiny target ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -166,14 +184,31 @@ def test_seeded_sampling_gives_plain_decodings_tokens(tiny_target_dir, tiny_head
     assert max(t.num_draft_tokens for _, t in seen) > 3, "seeded requests should get trees"
 
 
-def test_unseeded_sampling_keeps_independent_chains(tiny_target_dir, tiny_head, tiny_prompts):
-    """Multi-step speculative sampling needs independent draws from q: no top-w trees there."""
-    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=3)
+@pytest.mark.parametrize("tree_width, tree_nodes, siblings", [(3, None, 3), (3, 4, 2), (1, None, 1)])
+def test_unseeded_sampling_drafts_chains_with_distinct_first_siblings(tree_width, tree_nodes, siblings,
+                                                                      tiny_target_dir, tiny_head, tiny_prompts):
+    """Multi-step speculative sampling needs draws from q, not top-w trees: an unseeded sampled
+    request gets a chain whose first depth holds up to ``tree_width`` distinct draws (within the
+    node cap), each recorded with the q it was drawn from (q without the earlier siblings)."""
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=tree_width, tree_nodes=tree_nodes,
+                      adaptive=False)
     seen = _record_trees(eng.proposer)
     eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
-    assert seen and all(t.num_draft_tokens <= 3 and t.max_depth == t.num_draft_tokens for _, t in seen)
-    # and the scheduler reserves (the policy charges) a chain's slots for them, not a tree's
-    assert all(r.max_nodes <= 3 for r, _ in seen)
+    drafted = [(r, t) for r, t in seen if t.num_draft_tokens]
+    assert drafted
+    for r, t in drafted:
+        # the scheduler reserves (the policy charges) the chain plus its siblings, not a tree
+        assert r.expansion == [siblings, 1, 1][: len(r.expansion)] and r.max_nodes == len(r.expansion) + siblings - 1
+        first = [i for i in range(1, t.size) if t.parents[i] == 0]
+        assert 1 <= len(first) <= siblings and len({t.tokens[i] for i in first}) == len(first)
+        assert all(t.parents[i] in (0, first[0]) or t.parents[i] > first[0] for i in range(1, t.size))
+        assert t.num_draft_tokens - len(first) == t.max_depth - 1  # one chain below the first sibling
+        q = t.draft_probs[first[0]]
+        for k, node in enumerate(first[1:], start=1):
+            expected = q.clone()
+            expected[[t.tokens[i] for i in first[:k]]] = 0
+            assert torch.allclose(t.draft_probs[node], expected / expected.sum())
+    assert max(sum(1 for i in range(1, t.size) if t.parents[i] == 0) for _, t in drafted) == siblings
 
 
 @torch.inference_mode()

@@ -16,6 +16,7 @@ from actors.sampling import (
     greedy,
     logits_to_probs,
     sample,
+    sample_distinct,
     sample_next,
     verify_greedy,
     verify_sampling,
@@ -142,6 +143,33 @@ def test_sample_distribution_and_support():
         sample(torch.zeros(3), g)
     with pytest.raises(ValueError, match=r"\[V\]"):
         sample(torch.ones(2, 3), g)
+
+
+def test_sample_distinct_draws_without_replacement():
+    q = torch.tensor([0.5, 0.0, 0.3, 0.2])
+    g = torch.Generator().manual_seed(2)
+    firsts, seconds = [], []
+    for _ in range(6000):
+        picks, proposals = sample_distinct(q, 3, g)
+        assert len(set(picks.tolist())) == 3 and 1 not in picks.tolist()  # distinct, only tokens with mass
+        assert torch.allclose(proposals[0], q)
+        for k in range(1, 3):  # each sibling's proposal: q without the earlier picks, renormalised
+            expected = q.clone()
+            expected[picks[:k]] = 0
+            assert torch.allclose(proposals[k], expected / expected.sum())
+        firsts.append(int(picks[0]))
+        if picks[0] == 0:
+            seconds.append(int(picks[1]))
+    counts = np.bincount(firsts, minlength=4)
+    assert chisquare(counts[[0, 2, 3]], 6000 * np.array([0.5, 0.3, 0.2])).pvalue > 1e-3  # the first is a draw from q
+    after0 = np.bincount(seconds, minlength=4)  # the second, given the first was token 0: q without it
+    assert chisquare(after0[[2, 3]], len(seconds) * np.array([0.6, 0.4])).pvalue > 1e-3
+    picks, _ = sample_distinct(torch.tensor([0.0, 1.0, 0.0]), 3, g)
+    assert picks.tolist() == [1]  # no more siblings than tokens with mass
+    with pytest.raises(ValueError, match="positive mass"):
+        sample_distinct(torch.zeros(3), 2, g)
+    with pytest.raises(ValueError, match=r"\[S\]"):
+        sample_distinct(torch.ones(2, 3), 2, g)
 
 
 def test_greedy_and_sample_next():

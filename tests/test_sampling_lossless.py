@@ -28,6 +28,7 @@ from tests.toy_lm import (
     V,
     chi_square_pvalues,
     deterministic_tree,
+    distinct_tree,
     generate,
     merged_sampled_children,
     merged_tree,
@@ -42,6 +43,8 @@ LOSSLESS_CASES = {
     "tree_deterministic_width3": (deterministic_tree(3, 3), TARGET),
     "tree_merged": (merged_tree, TARGET),
     "tree_merged_sampled_duplicates_kept": (merged_sampled_children(), TARGET),
+    "distinct_siblings_width3": (distinct_tree(3, 3), TARGET),
+    "distinct_siblings_width2_topk_draft_and_target": (distinct_tree(2, 3, DRAFT_TOPK), TARGET_TOPK),
 }
 
 
@@ -93,8 +96,10 @@ def _wrong_no_sibling_residual(tree: TokenTree, target_probs: torch.Tensor, gen:
         (sampled_tree(1, 3), _wrong_recovery_from_target),
         (sampled_tree(3, 3), _wrong_no_sibling_residual),
         (merged_sampled_children(fold_duplicates=True), verify_sampling),
+        (distinct_tree(3, 3, renormalise=False), verify_sampling),
     ],
-    ids=["chain_recover_from_target", "tree_no_sibling_residual", "merge_folds_sampled_duplicates"],
+    ids=["chain_recover_from_target", "tree_no_sibling_residual", "merge_folds_sampled_duplicates",
+         "distinct_siblings_checked_against_plain_q"],
 )
 def test_chi_square_rejects_a_lossy_variant(request, propose, wrong_verify):
     samples = generate(propose, wrong_verify, TARGET, seed=1234, trials=TRIALS)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from actors.sampling import logits_to_probs
+from actors.sampling import logits_to_probs, sample_distinct
 from actors.tree import TokenTree, merge_trees
 
 #
@@ -61,6 +61,7 @@ TARGET = ToyLM(seed=11, sharpness=1.3)
 TARGET_TOPK = ToyLM(seed=11, sharpness=1.3, top_k=4)  # zeros in p
 DRAFT = ToyLM(seed=23, sharpness=1.0)
 DRAFT_TOPK = ToyLM(seed=29, sharpness=1.6, top_k=3)  # zeros in q
+SHARP_DRAFT = ToyLM(seed=23, sharpness=2.0)  # peaked q: i.i.d. siblings often repeat a token
 
 
 # Proposers: (context position of the root, root token, rng) -> TokenTree
@@ -88,6 +89,23 @@ def sampled_tree(width: int, depth: int, draft: ToyLM = DRAFT) -> Callable:
     return propose
 
 
+def distinct_tree(width: int, depth: int, draft: ToyLM = SHARP_DRAFT, renormalise: bool = True) -> Callable:
+    """``width`` distinct children drawn one after another from q without replacement
+    (``sample_distinct``: each recorded with the q it was drawn from), the first continued by a
+    sampled chain: the EAGLE proposer's shape for unseeded sampled requests. renormalise=False
+    records the plain q for every sibling: what a proposer must NOT do."""
+
+    def propose(pos: int, root: int, rng: random.Random) -> TokenTree:
+        tree = TokenTree.root(root)
+        q = draft.dist(pos, root)
+        picks, proposals = sample_distinct(q, width, torch.Generator().manual_seed(rng.getrandbits(63)))
+        kids = [tree.add(0, int(t), r if renormalise else q) for t, r in zip(picks, proposals)]
+        _grow_sampled(tree, kids[0], pos + 1, depth - 1, draft, rng)
+        return tree
+
+    return propose
+
+
 def deterministic_tree(width: int, depth: int, draft: ToyLM = DRAFT) -> Callable:
     """The draft's top-`width` tokens at depth 1 (deltas), each continued greedily."""
 
@@ -110,9 +128,6 @@ def merged_tree(pos: int, root: int, rng: random.Random) -> TokenTree:
         sampled_tree(1, 2, DRAFT_TOPK)(pos, root, rng),
     ]
     return merge_trees(trees)
-
-
-SHARP_DRAFT = ToyLM(seed=23, sharpness=2.0)  # peaked q: i.i.d. siblings often repeat a token
 
 
 def merged_sampled_children(fold_duplicates: bool = False) -> Callable:

@@ -8,10 +8,11 @@ head forward per depth; each sequence keeps a small dense K/V cache of its own.
 
 An expansion wider than 1 at some depth adds the top-w (greedy) or w sampled tokens as siblings
 and continues the chain from the first. Greedy requests get deterministic drafts; unseeded sampled
-ones get independent draws from the head's distribution q (over the draft vocabulary, 0 elsewhere),
-as multi-step speculative sampling needs; seeded ones get the winners of that position's race under
-q (the race the target's token is drawn with, actors/sampling.py), which match the target's token
-more often than independent draws. Verification stays lossless either way.
+ones get distinct draws from the head's distribution q (over the draft vocabulary, 0 elsewhere),
+each recorded with the q it was drawn from, as multi-step speculative sampling needs (the engine
+gives them ``sampled_siblings`` draws at the first depth); seeded ones get the winners of that
+position's race under q (the race the target's token is drawn with, actors/sampling.py), which
+match the target's token more often than independent draws. Verification stays lossless either way.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from actors.drafter import DraftRequest, Proposer
 from actors.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, on_generator_device, race_top_among
+from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
 
 
@@ -178,12 +179,12 @@ class EagleProposer(Proposer):
             if r.params.greedy:
                 picks = vocab[logits[j].topk(width).indices].tolist()
                 nodes = [tree.add(tips[j], t) for t in picks]
-            elif r.params.seed is None:  # independent draws from q: what multi-step speculative sampling needs
-                q_small, q = self._draft_q(logits[j], r.params)
-                drawn = torch.multinomial(on_generator_device(q_small, r.generator), width, replacement=True,
-                                          generator=r.generator)
-                picks = vocab[drawn.to(vocab.device)].tolist()
-                nodes = [tree.add(tips[j], t, q) for t in picks]
+            elif r.params.seed is None:  # draws from q, siblings distinct: multi-step speculative sampling
+                p = r.params
+                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
+                rows, proposals = sample_distinct(q_small, width, r.generator)
+                picks = vocab[rows].tolist()
+                nodes = [tree.add(tips[j], t, self._whole_vocab(q)) for t, q in zip(picks, proposals)]
             else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
                 p = r.params  # (keyed verification reads no q, so none is stored)
                 q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
@@ -195,11 +196,9 @@ class EagleProposer(Proposer):
             nxt.append(picks[0])
         return nxt
 
-    def _draft_q(self, logits: torch.Tensor, p) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [Vd] of the head -> the request's draft distribution q over the draft vocabulary
-        [Vd] and over the target's whole vocabulary [V] (0 outside the draft vocabulary)."""
-        q_small = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)
-        return q_small, q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, self.head.draft_vocab, q_small)
+    def _whole_vocab(self, q_small: torch.Tensor) -> torch.Tensor:
+        """q_small [Vd] over the draft vocabulary -> [V] over the target's (0 outside the draft vocabulary)."""
+        return q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, self.head.draft_vocab, q_small)
 
     # ---- dynamic trees ---------------------------------------------------------------------------
     def grows_tree(self, r: DraftRequest) -> bool:
@@ -209,6 +208,11 @@ class EagleProposer(Proposer):
                 and r.params.deterministic)
 
     def nodes_per_depth(self, source: str | None) -> int:
+        return self.tree_width if source == self.name else 1
+
+    def sampled_siblings(self, source: str | None) -> int:
+        """Unseeded sampled requests cannot take a dynamic tree (its top-w picks are not draws
+        from q); their chain gets tree_width distinct draws at the first depth instead."""
         return self.tree_width if source == self.name else 1
 
     def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, idx: list[int]) -> list[TokenTree]:

@@ -79,14 +79,21 @@ def uniform(generator: torch.Generator | None, device: torch.device | str) -> fl
     return float(torch.rand((), dtype=torch.float64, generator=generator, device=where))
 
 
+def exponential_draws(n: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    """[n] float64 Exp(1) draws from ``generator`` (on its device, then moved to ``device``):
+    -log(1 - U), U ~ U[0, 1). Four times faster on CPU than ``exponential_`` (0.19 vs 0.72 ms for
+    49k), which a sampled request pays once per token."""
+    where = generator.device if generator is not None else device
+    u = torch.rand(n, dtype=torch.float64, generator=generator, device=where)
+    return u.neg_().log1p_().neg_().to(device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token from probs [V] (need not be normalised) with the exponential race:
     argmax(p_i / E_i), E_i ~ Exp(1) i.i.d. (gpt-fast; no device sync until the final int)."""
     if probs.dim() != 1:
         raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
-    where = generator.device if generator is not None else probs.device
-    race = torch.empty(probs.shape, dtype=torch.float64, device=where).exponential_(generator=generator)
-    return _race_winner(probs, race.to(probs.device))
+    return _race_winner(probs, exponential_draws(probs.shape[0], generator, probs.device))
 
 
 def sample_distinct(q: torch.Tensor, width: int, generator: torch.Generator | None = None
@@ -105,9 +112,7 @@ def sample_distinct(q: torch.Tensor, width: int, generator: torch.Generator | No
     w = min(width, int((q > 0).sum()))
     if w < 1:
         raise ValueError("cannot sample from a distribution with no positive mass")
-    where = generator.device if generator is not None else q.device
-    race = torch.empty(q.shape, dtype=torch.float64, device=where).exponential_(generator=generator).to(q.device)
-    picks = race_scores(q, race).topk(w).indices  # [w]
+    picks = race_scores(q, exponential_draws(q.shape[0], generator, q.device)).topk(w).indices  # [w]
     proposals = q.unsqueeze(0).repeat(w, 1)  # [w, S]
     for k in range(1, w):
         proposals[k:, picks[k - 1]] = 0.0
@@ -150,9 +155,8 @@ def position_race(seed: int, position: int, vocab: int, device: torch.device | s
 
 @functools.lru_cache(maxsize=RACE_CACHE_SIZE)
 def _race_for_key(key: int, vocab: int, device: str) -> torch.Tensor:
-    """[vocab] float64 Exp(1) draws of a generator seeded with ``key`` (0.7 ms for 49k on the 2-core CPU)."""
-    g = torch.Generator(device=device).manual_seed(key)
-    return torch.empty(vocab, dtype=torch.float64, device=device).exponential_(generator=g)
+    """[vocab] float64 Exp(1) draws of a generator seeded with ``key`` (0.2 ms for 49k on the 2-core CPU)."""
+    return exponential_draws(vocab, torch.Generator(device=device).manual_seed(key), device)
 
 
 def race_top(probs: torch.Tensor, seed: int, position: int, width: int) -> list[int]:

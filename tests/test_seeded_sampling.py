@@ -38,13 +38,13 @@ def test_position_race_depends_on_seed_and_position_only():
 def test_cached_races_are_the_generator_s_own_draws():
     """The race cache changes no draw: a race is what a fresh generator seeded with the position's
     key gives, whichever way the device is named, and a repeat is served from the cache."""
-    from actors.sampling import _MASK64, _race_for_key, _splitmix64
+    from actors.sampling import _MASK64, _race_for_key, _splitmix64, exponential_draws
 
     _race_for_key.cache_clear()
     first = position_race(11, 40, 5000, "cpu")
     key = _splitmix64(_splitmix64(11) ^ 40) & _MASK64
-    fresh = torch.empty(5000, dtype=torch.float64).exponential_(generator=torch.Generator().manual_seed(key))
-    assert torch.equal(first, fresh)
+    fresh = exponential_draws(5000, torch.Generator().manual_seed(key), "cpu")
+    assert torch.equal(first, fresh) and bool((fresh >= 0).all())
     assert position_race(11, 40, 5000, torch.device("cpu")) is first
     assert _race_for_key.cache_info().hits == 1
     assert not torch.equal(position_race(11, 41, 5000), first)

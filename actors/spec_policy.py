@@ -14,11 +14,9 @@ tokens per second of the whole batch:
   too much where only a weak model drafts. A source of None drafts nothing: depth 0; a source
   never verified yet drafts its full depth once, which measures it.
 - ``t_verify(N)``: measured seconds of decode-only target forwards (+ verification) of N tokens,
-  ``t_draft``: measured seconds of drafting d deep for B sequences, per draft source where a step
+  ``t_draft``: measured seconds of one draft round for B sequences, per draft source where a step
   drafts from one (``CostTable``: EWMAs per size, interpolated, extrapolated with the last
-  measured slope): a table over depths per B once two depths were measured (an EAGLE head's
-  catch-up is paid once per step: a depth-3 draft costs far less than three depth-1 ones), else
-  depth x the seconds per round.
+  measured slope).
 - For a fixed depth cap D the draft cost is fixed and verify cost is about linear in the extra
   tokens, so the best k_s take every position whose marginal gain prod r exceeds goodput x
   (marginal verify seconds per token): a fractional (Dinkelbach) iteration, a few rounds over a
@@ -48,8 +46,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
                   base_yield: float | None = None, iterations: int = 6,
                   min_gain: float = 0.0, widths: np.ndarray | None = None,
                   node_caps: np.ndarray | None = None,
-                  extra_nodes: np.ndarray | None = None,
-                  draft_total_s=None) -> tuple[np.ndarray, float]:
+                  extra_nodes: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Depth per sequence maximising expected tokens per second of one step.
 
     gains: [B, K] marginal expected tokens of position j for sequence b (cumulative products of
@@ -62,9 +59,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     depth (a dynamic tree verifies ``width`` tokens per depth; default 1); node_caps: [B] at most
     this many draft nodes per sequence whatever the depth (a dynamic tree's cap; default none);
     extra_nodes: [B] nodes any draft of depth >= 1 adds once (sibling draws at the first depth;
-    default 0); draft_total_s(d, b) -> seconds of drafting d deep for b sequences (default
-    d x draft_round_s(b); a proposer with a fixed part per step, such as an EAGLE head catching up
-    on the accepted tokens, costs less per depth than its shallow rounds suggest). Returns (depths [B] int, goodput in tokens/s)."""
+    default 0). Returns (depths [B] int, goodput in tokens/s)."""
     B, K = gains.shape
     w = np.ones(B, dtype=np.int64) if widths is None else np.asarray(widths, dtype=np.int64)
     caps = np.full(B, np.iinfo(np.int64).max, dtype=np.int64) if node_caps is None else np.asarray(node_caps, np.int64)
@@ -72,9 +67,6 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     once = np.zeros(B, dtype=np.int64) if extra_nodes is None else np.asarray(extra_nodes, dtype=np.int64)
     d = np.arange(K + 1)[None, :]
     nodes = np.minimum(d * w[:, None] + (d > 0) * once[:, None], caps[:, None])  # [B, K+1]
-    def draft_s(depth: int, n: int) -> float:
-        return draft_total_s(depth, n) if draft_total_s is not None else depth * draft_round_s(n)
-
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
@@ -92,7 +84,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
             if n_draft == 0:
                 break
             extra = int(nodes[np.arange(B), depths].sum())
-            t = verify_s(base_tokens + extra) + draft_s(int(depths.max()), n_draft)
+            t = verify_s(base_tokens + extra) + int(depths.max()) * draft_round_s(n_draft)
             new_rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if abs(new_rate - rate) < 1e-9 * max(new_rate, 1.0):
                 break
@@ -103,7 +95,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
             take = cols <= best[:, None]  # a depth-j draft includes 1..j-1
         depths = take.sum(axis=1)
         if depths.any():
-            t = verify_s(base_tokens + int(nodes[np.arange(B), depths].sum())) + draft_s(int(depths.max()), int((depths > 0).sum()))
+            t = verify_s(base_tokens + int(nodes[np.arange(B), depths].sum())) + int(depths.max()) * draft_round_s(int((depths > 0).sum()))
             rate = (y0 + float((gains * take).sum())) / max(t, 1e-9)
             if rate > best_rate * (1 + 1e-6):
                 best_depths, best_rate = depths.astype(np.int64), rate
@@ -286,10 +278,6 @@ class SpecPolicy:
         # nothing, a draft model or head a forward per round; one blended table over- and under-
         # charges them by turns
         self.draft_cost_by_source: dict[str, CostTable] = {}
-        # whole draft seconds against depth, per source ("" = all steps) and number of sequences:
-        # an EAGLE head's catch-up on the accepted tokens is paid once per step whatever the depth,
-        # so seconds per round measured at depth 1 overcharge deeper drafts
-        self.draft_depth_cost: dict[tuple[str, int], CostTable] = {}
         self.num_steps = 0
         self.last_goodput: float | None = None
         self.last_depth: dict[int, dict[str, int]] = {}  # seq_id -> source -> depth last chosen
@@ -343,7 +331,6 @@ class SpecPolicy:
         chosen, self.last_goodput = choose_depths(
             gains, np.array([slots[i].max_depth for i in free]), base_tokens + fixed_extra,
             self.verify_model(num_seqs), self.draft_model(set(priors)), min_gain=self.min_gain,
-            draft_total_s=lambda d, b, src=set(priors): self.draft_total(src, d, b),
             base_yield=len(slots) if base_yield is None else base_yield,
             widths=np.array([slots[i].width for i in free]),
             node_caps=np.array([slots[i].nodes_at(slots[i].max_depth) for i in free]),
@@ -378,28 +365,14 @@ class SpecPolicy:
         source's own table learns only from steps where it drafted alone)."""
         if depth > 0 and num_seqs > 0:
             self.draft_cost.observe(num_seqs, seconds / depth)
-            self.draft_depth_cost.setdefault(("", size_bucket(num_seqs)), CostTable()).observe(depth, seconds)
             if len(sources) == 1:
-                src = next(iter(sources))
-                self.draft_cost_by_source.setdefault(src, CostTable()).observe(num_seqs, seconds / depth)
-                self.draft_depth_cost.setdefault((src, size_bucket(num_seqs)), CostTable()).observe(depth, seconds)
+                self.draft_cost_by_source.setdefault(next(iter(sources)), CostTable()).observe(num_seqs, seconds / depth)
 
     def draft_model(self, sources: set) -> CostTable:
         """The draft-cost table for a step drafting from ``sources``: that source's own once measured
         when there is one source, else all rounds'."""
         table = self.draft_cost_by_source.get(next(iter(sources))) if len(sources) == 1 else None
         return table if table is not None and table.measured else self.draft_cost
-
-    def draft_total(self, sources: set, depth: int, num_seqs: int) -> float:
-        """Seconds of drafting ``depth`` deep for ``num_seqs`` sequences from ``sources``: the
-        depth table of that source (or of all steps) at that many sequences once it has two depths
-        to interpolate, else depth x the seconds per round."""
-        keys = ([(next(iter(sources)), size_bucket(num_seqs))] if len(sources) == 1 else []) + [("", size_bucket(num_seqs))]
-        for key in keys:
-            table = self.draft_depth_cost.get(key)
-            if table is not None and len(table.buckets) >= 2:
-                return table(depth)
-        return depth * self.draft_model(sources)(num_seqs)
 
     def release(self, seq_id: int) -> None:
         for est in self.acceptance.values():

@@ -273,27 +273,6 @@ def test_draft_costs_are_kept_per_draft_source():
             == policy.choose([DecodeSlot(1, 5, source="head")], base_tokens=1))
 
 
-def test_a_fixed_draft_cost_per_step_is_not_charged_per_depth():
-    """A head that catches up once per step (2 ms) and then costs 1 ms per depth: measured at
-    depths 1 and 3, a depth-3 draft costs 4 ms, not 3 x 3 ms, and the policy drafts deeper than
-    it would pricing every round at the depth-1 cost."""
-    policy = SpecPolicy(max_depth=3, explore_every=1000)
-    for n in range(1, 5):
-        policy.observe_verify(n, 0.020 + 0.0002 * (n - 1))
-    for accepted in (0, 0, 0, 0, 1, 1, 1, 1, 2, 3):  # conditional rates about 0.57, 0.43, 0.45
-        policy.record(0, 3, accepted, "head")
-    assert policy.draft_total({"head"}, 2, 1) == pytest.approx(0.0)  # nothing measured yet
-    policy.observe_draft(1, 1, 0.003, {"head"})
-    assert policy.draft_total({"head"}, 3, 1) == pytest.approx(0.009)  # one depth: seconds per round
-    policy.observe_draft(1, 3, 0.005, {"head"})
-    assert policy.draft_total({"head"}, 2, 1) == pytest.approx(0.004)  # two depths: interpolated
-    assert policy.draft_total({"other"}, 2, 1) == pytest.approx(0.004)  # all steps' table
-    policy.begin_step()
-    deep = policy.choose([DecodeSlot(1, 3, source="head")], base_tokens=1)[0]
-    policy.draft_depth_cost.clear()  # per-round pricing only (the mean of 3 and 1.67 ms per round)
-    assert deep == 3 and policy.choose([DecodeSlot(1, 3, source="head")], base_tokens=1)[0] < deep
-
-
 def test_a_new_source_is_measured_once_even_when_drafts_look_too_costly():
     policy = SpecPolicy(max_depth=5, explore_every=1000)
     for _ in range(3):  # compute-bound: every token costs as much as a sequence

@@ -61,7 +61,7 @@ class DraftPlanning:
 
     def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
-        fixed trees; unseeded sampling, which needs independent draws from q, drafts chains)."""
+        fixed trees; unseeded sampling, which needs draws from q, drafts chains, see _siblings)."""
         if not exp or any(w != 1 for w in exp) or self.config.speculative.tree_width == 1:
             return 1
         if not seq.params.deterministic:

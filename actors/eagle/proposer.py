@@ -184,7 +184,7 @@ class EagleProposer(Proposer):
                 q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
                 rows, proposals = sample_distinct(q_small, width, r.generator)
                 picks = vocab[rows].tolist()
-                nodes = [tree.add(tips[j], t, self._whole_vocab(q)) for t, q in zip(picks, proposals)]
+                nodes = [tree.add(tips[j], t, q) for t, q in zip(picks, self._whole_vocab(proposals))]
             else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
                 p = r.params  # (keyed verification reads no q, so none is stored)
                 q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
@@ -197,8 +197,10 @@ class EagleProposer(Proposer):
         return nxt
 
     def _whole_vocab(self, q_small: torch.Tensor) -> torch.Tensor:
-        """q_small [Vd] over the draft vocabulary -> [V] over the target's (0 outside the draft vocabulary)."""
-        return q_small.new_zeros(self.head.cfg.target_vocab_size).index_copy_(0, self.head.draft_vocab, q_small)
+        """q_small [..., Vd] over the draft vocabulary -> [..., V] over the target's (0 outside the
+        draft vocabulary), all rows in one copy."""
+        whole = q_small.new_zeros(*q_small.shape[:-1], self.head.cfg.target_vocab_size)
+        return whole.index_copy_(-1, self.head.draft_vocab, q_small)
 
     # ---- dynamic trees ---------------------------------------------------------------------------
     def grows_tree(self, r: DraftRequest) -> bool:

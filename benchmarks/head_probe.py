@@ -1,16 +1,18 @@
 """How well EAGLE heads draft on the benchmark's own prompts, without running the engine per head.
 
     python -m benchmarks.head_probe [--heads default,/tmp/eagle/head.safetensors] [--sample 48]
-                                    [--work DIR] [--max-tokens 128] [--threads 2]
+                                    [--work DIR] [--max-tokens 128] [--threads 2] [--temperature T]
 
-The target answers a stratified sample of the prompt set greedily once (cached under ``--work``,
-the same response/feature format as ``actors.eagle.train``); each head is then scored teacher-forced
-on those answers with the training recipe's own evaluation (``actors.eagle.fit.evaluate``): top-1
-agreement with the target per draft depth and the acceptance of each position of a greedy chain,
-per category. This is the head's offline quality on benchmark-like text; the engine's acceptance
-on the same answers matches it (tests/test_eagle.py pins the proposer to the teacher-forced
-prediction). Training never sees these prompts. Two more groups split the sample by language:
-``korean`` (a prompt with Hangul in it: 146 of bench500's 500) and ``other``.
+The target answers a stratified sample of the prompt set once (greedily, or sampled at
+``--temperature``; cached under ``--work``, the same response/feature format as
+``actors.eagle.train``); each head is then scored teacher-forced on those answers with the
+training recipe's own evaluation (``actors.eagle.fit.evaluate``): top-1 agreement with the target
+per draft depth, the acceptance of each position of a greedy chain, and of a chain sampled from
+the head at T (speculative sampling, sum of min(p, q) per depth), per category. This is the head's
+offline quality on benchmark-like text; the engine's acceptance on the same answers matches it
+(tests/test_eagle.py pins the proposer to the teacher-forced prediction). Training never sees
+these prompts. Two more groups split the sample by language: ``korean`` (a prompt with Hangul in
+it: 146 of bench500's 500) and ``other``.
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ DEPTH = 5
 
 
 def answer_prompts(model: str, prompts: list[dict], work: Path, max_tokens: int, threads: int | None,
-                   concurrency: int = 16) -> None:
-    """The target's greedy answers (bf16 engine, no speculation) and their features, under ``work``."""
-    from actors.eagle.data import extract_features, generate_responses
+                   concurrency: int = 16, temperature: float = 0.0) -> None:
+    """The target's answers (bf16 engine, no speculation; greedy, or sampled at ``temperature``
+    with top-p 1) and their features, under ``work``."""
+    from actors.eagle.data import GREEDY, SampledShare, extract_features, generate_responses
     from actors.model.loader import load_model
     from cluster.config import EngineConfig
     from cluster.engine import LLMEngine
@@ -38,7 +41,8 @@ def answer_prompts(model: str, prompts: list[dict], work: Path, max_tokens: int,
     cfg = EngineConfig(model=model, dtype="bfloat16", max_num_seqs=concurrency, max_num_batched_tokens=1024,
                        kv_cache_gb=1.0, num_threads=threads)
     engine = LLMEngine(cfg)
-    generate_responses(engine, prompts, work, float("inf"), concurrency, max_tokens=max_tokens, sampled_frac=0.0)
+    share = SampledShare(frac=1.0, temperature=temperature, top_p=1.0) if temperature > 0 else GREEDY
+    generate_responses(engine, prompts, work, float("inf"), concurrency, max_tokens=max_tokens, share=share)
     del engine
     target = load_model(model, dtype=torch.bfloat16).model
     extract_features(target, work, torch.device("cpu"))
@@ -72,13 +76,16 @@ def language_of(messages: list[dict]) -> str:
     return "korean" if any(HANGUL.search(m.get("content") or "") for m in messages) else "other"
 
 
-def score(head, examples: list) -> dict:
-    """Top-1 per depth, greedy-chain acceptance per position and mean accepted length at K=DEPTH."""
+def score(head, examples: list, temperature: float = 1.0) -> dict:
+    """Top-1 per depth, greedy-chain acceptance per position and mean accepted length at K=DEPTH;
+    the same for a chain sampled at ``temperature`` (speculative-sampling acceptance)."""
     from actors.eagle.fit import evaluate
 
-    top1, chain = evaluate(head, examples, DEPTH, torch.device("cpu"), 4096)
-    return {"top1": [round(a, 3) for a in top1], "chain": [round(a, 3) for a in chain],
-            "mean_accepted_length": round(1 + sum(chain), 3)}
+    e = evaluate(head, examples, DEPTH, torch.device("cpu"), 4096, temperature)
+    return {"top1": [round(a, 3) for a in e.top1], "chain": [round(a, 3) for a in e.chain],
+            "mean_accepted_length": round(1 + sum(e.chain), 3),
+            "sampled_chain": [round(a, 3) for a in e.sampled_chain],
+            "sampled_mean_accepted_length": round(1 + sum(e.sampled_chain), 3)}
 
 
 def head_path(name: str, model: str) -> Path:
@@ -98,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=48, help="prompts, stratified by category")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128, help="longest answer")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy answers; T > 0: answers sampled at T (top-p 1), and the sampled columns at T "
+                        "(at 0 they are at T=1 on the greedy answers)")
     p.add_argument("--work", default=None, help="cache of the answers and features (default: a temporary directory)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")
     args = p.parse_args(argv)
     if args.sample < 1 or args.max_tokens < 1:
         p.error(f"--sample {args.sample} and --max-tokens {args.max_tokens}: each must be at least 1")
+    if not 0 <= args.temperature <= 10:
+        p.error(f"--temperature {args.temperature}: must be within [0, 10]")
     paths = [head_path(h, args.model) for h in args.heads.split(",") if h]
     missing = [str(h) for h in paths if not h.is_file()]
     if not paths or missing:
@@ -112,32 +124,41 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     _, items = select_prompts(args.prompts, args.sample, args.seed)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="head-probe-"))
+    marker = work / "temperature"
+    if marker.is_file() and float(marker.read_text()) != args.temperature:
+        p.error(f"--temperature {args.temperature}: {work} holds answers at temperature {marker.read_text()}; "
+                "use another --work")
     if not list((work / "features").glob("*.pt")):
         t0 = time.time()
-        answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads)
+        work.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(args.temperature))
+        answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads,
+                       temperature=args.temperature)
         print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
     groups = examples_by_category(work, [it.category for it in items], [language_of(it.messages) for it in items],
                                   ["all"] * len(items))
-    return report(paths, groups, args.model, args.json)
+    return report(paths, groups, args.model, args.json, args.temperature or 1.0)
 
 
-def report(paths: list[Path], groups: dict[str, list], model: str, as_json: bool) -> int:
+def report(paths: list[Path], groups: dict[str, list], model: str, as_json: bool, temperature: float = 1.0) -> int:
     from actors.eagle.head import load_head
     from actors.model.loader import load_model
 
     target = load_model(model).model
-    results = {str(path): {cat: score(load_head(path).attach(target), exs) for cat, exs in groups.items()}
+    results = {str(path): {cat: score(load_head(path).attach(target), exs, temperature) for cat, exs in groups.items()}
                for path in paths}
     if as_json:
         print(json.dumps(results, indent=1))
         return 0
     ntok = {cat: sum(len(e.tokens) - e.num_prompt for e in exs) for cat, exs in groups.items()}
-    print("| head | category | answer tokens | top-1 by depth | chain acceptance by position | mean accepted length (K=5) |")
-    print("|---|---|---|---|---|---|")
+    print("| head | category | answer tokens | top-1 by depth | chain acceptance by position | mean accepted length (K=5) "
+          f"| sampled chain (T={temperature:g}) by position | sampled mean accepted length |")
+    print("|---|---|---|---|---|---|---|---|")
     for path, cats in results.items():
         for cat, r in cats.items():
             print(f"| {Path(path).name} | {cat} | {ntok[cat]} | {', '.join(map(str, r['top1']))} | "
-                  f"{', '.join(map(str, r['chain']))} | {r['mean_accepted_length']:.2f} |")
+                  f"{', '.join(map(str, r['chain']))} | {r['mean_accepted_length']:.2f} | "
+                  f"{', '.join(map(str, r['sampled_chain']))} | {r['sampled_mean_accepted_length']:.2f} |")
     return 0
 
 

@@ -334,7 +334,10 @@ def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_d
                                        (["--stages", "gen,fly"], "'gen,fly'"),
                                        (["--max-epochs", "-1"], "--max-epochs -1.0"),
                                        (["--backend", "vllm"], "'vllm'"),
-                                       (["--data", "/no/such/run"], "'/no/such/run'")])
+                                       (["--data", "/no/such/run"], "'/no/such/run'"),
+                                       (["--sampled-frac", "1.5"], "sampled share 1.5"),
+                                       (["--sample-temperature", "0"], "temperature 0.0"),
+                                       (["--sample-top-p", "1.2"], "top_p 1.2")])
 def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
     from actors.eagle.train import main
 
@@ -350,12 +353,13 @@ def test_tiny_training_run_writes_a_loadable_head(default_model, tmp_path):
     out = tmp_path / "run"
     assert main(["--out", str(out), "--minutes", "4", "--num-prompts", "3", "--max-tokens", "6",
                  "--concurrency", "3", "--text-items", "4", "--max-steps", "2", "--draft-vocab", "256",
-                 "--batch-tokens", "512", "--threads", "2"]) == 0
+                 "--batch-tokens", "512", "--threads", "2", "--sampled-frac", "1", "--sample-temperature", "1"]) == 0
     assert sorted(p.name for p in (out / "features").glob("*.pt")) == ["shard-00000.pt", "text-00000.pt"]
     head = load_head(out / "head.safetensors").attach(default_model.model)
     assert head.cfg.draft_vocab_size <= 256
     info = json.loads(__import__("safetensors").safe_open(str(out / "head.safetensors"), "pt").metadata()["info"])
     assert info["steps"] == 2
+    assert info["held_out"] and all(0 < r["sampled_accepted_per_position"][0] <= 1 for r in info["held_out"].values())
 
     first = out / "first.safetensors"
     (out / "head.safetensors").rename(first)

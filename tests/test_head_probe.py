@@ -54,6 +54,10 @@ def test_score_is_the_recipes_chain_acceptance(tiny_target_dir, tmp_path):
     assert all(c <= t + 1e-9 for c, t in zip(r["chain"], r["top1"]))
     assert all(b <= a + 1e-9 for a, b in zip(r["chain"], r["chain"][1:]))
     assert r["mean_accepted_length"] == pytest.approx(1 + sum(r["chain"]), abs=0.01)
+    assert all(0 < b <= a + 1e-9 <= 1 + 1e-9 for a, b in zip(r["sampled_chain"], r["sampled_chain"][1:]))
+    assert r["sampled_mean_accepted_length"] == pytest.approx(1 + sum(r["sampled_chain"]), abs=0.01)
+    colder = head_probe.score(head, exs, temperature=0.05)["sampled_chain"]
+    assert colder != r["sampled_chain"]  # the temperature reaches both distributions
     # depth 1 counted independently: the head's teacher-forced first draft at each origin t against
     # the target's greedy token after t + 1, over the origins that predict answer tokens
     from tests.test_eagle import _teacher_forced_first_drafts

@@ -1,7 +1,7 @@
 """Self-distillation data for the EAGLE head, in two cached stages under one directory.
 
 1. ``generate_responses``: the target answers the prompt mix through the engine at high batch
-   (mostly greedy, some sampled), streaming finished answers into ``responses/shard-*.jsonl``.
+   (greedy, and a ``SampledShare`` sampled), streaming finished answers into ``responses/shard-*.jsonl``.
    Re-running skips prompts already answered, so a crash loses at most one shard.
    ``write_offline_shards`` adds offline conversations (actors/eagle/offline_text.py) as
    ``responses/text-*.jsonl`` in the same format, without generating anything.
@@ -49,20 +49,41 @@ def _done_indices(resp_dir: Path) -> set[int]:
     return done
 
 
-SAMPLED_FRAC = 0.25  # share of the recipe's answers sampled (T=0.7, top-p 0.95) rather than greedy
+@dataclass(frozen=True, slots=True)
+class SampledShare:
+    """Which of the recipe's answers are sampled rather than greedy, and how: ``frac`` of the
+    prompts (chosen per prompt index and seed), at ``temperature`` / ``top_p``."""
+
+    frac: float = 0.25
+    temperature: float = 0.7
+    top_p: float = 0.95
+
+    def __post_init__(self):
+        if not 0.0 <= self.frac <= 1.0:
+            raise ValueError(f"sampled share {self.frac}: must be within [0, 1]")
+        if self.temperature <= 0:
+            raise ValueError(f"sampling temperature {self.temperature}: must be > 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling top_p {self.top_p}: must be within (0, 1]")
+
+    def is_sampled(self, index: int, seed: int) -> bool:
+        return random.Random(seed * 1_000_003 + index).random() < self.frac
 
 
-def _params_for(index: int, seed: int, max_tokens: int, sampled_frac: float = SAMPLED_FRAC):
+SAMPLED = SampledShare()  # the recipe's default: a quarter of the answers sampled at T=0.7, top-p 0.95
+GREEDY = SampledShare(frac=0.0)
+
+
+def _params_for(index: int, seed: int, max_tokens: int, share: SampledShare = SAMPLED):
     from actors.sampling_params import SamplingParams
 
-    rng = random.Random(seed * 1_000_003 + index)
-    if rng.random() < sampled_frac:
-        return SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.95, seed=index)
+    if share.is_sampled(index, seed):
+        return SamplingParams(max_tokens=max_tokens, temperature=share.temperature, top_p=share.top_p, seed=index)
     return SamplingParams(max_tokens=max_tokens)
 
 
 def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, concurrency: int = 48,
-                       shard_size: int = 32, max_tokens: int = 160, sampled_frac: float = SAMPLED_FRAC,
+                       shard_size: int = 32, max_tokens: int = 160, share: SampledShare = SAMPLED,
                        seed: int = 0) -> int:
     """Answer ``prompts`` (chat messages) until done or ``time.time() > deadline``; returns the
     number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch)."""
@@ -86,7 +107,7 @@ def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, co
     while (nxt < len(todo) or ids) and time.time() < deadline:
         while nxt < len(todo) and len(ids) < concurrency:
             i = todo[nxt]
-            params = _params_for(i, seed, max_tokens, sampled_frac)
+            params = _params_for(i, seed, max_tokens, share)
             seq = engine.add_request(f"eagle-{i}", prompts[i], params, chat=True)
             ids[seq.request_id] = i
             nxt += 1

@@ -124,11 +124,14 @@ def _qkv(head: EagleHead, h: torch.Tensor, positions: torch.Tensor):
     return q.view(B, m, *q.shape[1:]), k.view(B, m, *k.shape[1:]), v.view(B, m, *v.shape[1:])
 
 
-def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng: torch.Generator):
+def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng: torch.Generator,
+                  temperature: float | None = None):
     """batch: ``_pad``'s tensors. Loss and, per depth, (top-1 agreements, positions, chain
     agreements = origins whose depths 1..s all agree, i.e. s drafts accepted, positions with all s
     valid). Only positions that predict answer tokens count (EAGLE's loss mask): the head drafts
-    answers, not prompts."""
+    answers, not prompts. With ``temperature``, two more per depth: the summed speculative-sampling
+    acceptance of one draft drawn from the head at that temperature (``sampled_acceptance``) and
+    the summed product over depths 1..s (the chain's, along the data's own continuation)."""
     toks, feats, nxt, lens, answer = batch
     L = feats.shape[1]
     Lp = L - 1
@@ -139,12 +142,13 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
     q, k1, v1 = _qkv(head, h, origins)
     out = head.finish(h, _attend(head, q, k1, v1, [], [], origins))  # [B, L', H]
     total, stats, diag_k, diag_v = 0.0, [], [], []
-    chain = ok = None  # [B, m]: all depths so far agreed / were valid
+    chain = ok = sampled_chain = None  # [B, m]: all depths so far agreed / were valid / sampled acceptance product
     for s in range(1, unroll + 1):
         if s > 1:  # the chain continues from its own prediction, on a random half of the origins
             if s == 2:
                 keep = torch.randperm(Lp, generator=rng, device=toks.device)[: max(1, Lp // 2)].sort().values
                 origins, out, chain, ok = keep, out[:, keep], chain[:, keep], ok[:, keep]
+                sampled_chain = None if sampled_chain is None else sampled_chain[:, keep]
             tok_idx = (origins + s).clamp(max=L - 1)
             h = head.entry(toks[:, tok_idx], out)
             q, k, v = _qkv(head, h, origins + s - 1)
@@ -162,7 +166,21 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
         hit = (head.draft_vocab[logits.argmax(-1)] == nxt[:, tgt]) & valid
         chain, ok = (hit, valid) if chain is None else (chain & hit, ok & valid)
         stats.append((int(hit.sum()), int(valid.sum()), int((chain & ok).sum()), int(ok.sum())))
+        if temperature is not None:
+            acc = sampled_acceptance(head.logits(feats[:, tgt]).float(), logits, temperature)  # [B, m]
+            sampled_chain = acc if s == 1 else sampled_chain * acc
+            stats[-1] += (float(acc[valid].sum()), float(sampled_chain[ok].sum()))
     return total, stats
+
+
+def sampled_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """target_logits, draft_logits [..., V] over the same vocabulary -> [...]: the probability that
+    speculative sampling accepts one draft drawn from the draft's distribution, sum_v min(p_v, q_v),
+    both at ``temperature``. Over a draft vocabulary the target's p is renormalised to it, which
+    overstates the acceptance by at most the target's mass outside it (the same for every head)."""
+    p = torch.softmax(target_logits / temperature, dim=-1)
+    q = torch.softmax(draft_logits / temperature, dim=-1)
+    return torch.minimum(p, q).sum(-1)
 
 
 def _split(examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
@@ -172,19 +190,39 @@ def _split(examples: list[Example], seed: int) -> tuple[list[Example], list[Exam
     return [examples[i] for i in idx[n_val:]], [examples[i] for i in idx[:n_val]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Held-out figures per draft depth (see ``evaluate``)."""
+
+    top1: list[float]  # top-1 agreement with the target's greedy token
+    chain: list[float]  # greedy chain: share of origins whose depths 1..s all agree
+    sampled: list[float]  # one sampled draft: mean speculative-sampling acceptance at the temperature
+    sampled_chain: list[float]  # sampled chain: mean product of the acceptances at depths 1..s
+
+    def as_report(self) -> dict:
+        r = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
+        return {"top1_per_depth": r(self.top1), "accepted_per_position": r(self.chain),
+                "mean_accepted_length": round(1 + sum(self.chain), 3),
+                "sampled_accepted_per_position": r(self.sampled_chain),
+                "sampled_mean_accepted_length": round(1 + sum(self.sampled_chain), 3)}
+
+
 @torch.no_grad()
-def evaluate(head: EagleHead, examples: list[Example], depth: int, device, batch_tokens: int
-             ) -> tuple[list[float], list[float]]:
-    """Per draft depth: top-1 agreement with the target's greedy token, and the share of origins
-    where depths 1..s all agree (the acceptance of draft position s in a greedy chain)."""
+def evaluate(head: EagleHead, examples: list[Example], depth: int, device, batch_tokens: int,
+             temperature: float = 1.0) -> Evaluation:
+    """Teacher-forced figures per draft depth on ``examples``: greedy (top-1 agreement, greedy
+    chain acceptance) and sampled at ``temperature`` (speculative-sampling acceptance of one draft
+    drawn from the head, and its product along the chain: the sampled chain's acceptance of
+    position s, taking the data's own next token as the accepted one)."""
     gen = torch.Generator(device=device).manual_seed(0)
-    sums = [[0, 0, 0, 0] for _ in range(depth)]
+    sums = [[0.0] * 6 for _ in range(depth)]
     for batch in make_batches(examples, batch_tokens, random.Random(0)):
-        _, stats = unrolled_loss(head, _pad(batch, device), depth, 0.0, gen)
+        _, stats = unrolled_loss(head, _pad(batch, device), depth, 0.0, gen, temperature)
         for acc, st in zip(sums, stats):
             for i, v in enumerate(st):
                 acc[i] += v
-    return [a / max(1, n) for a, n, _, _ in sums], [c / max(1, m) for _, _, c, m in sums]
+    per = lambda i, n: [a[i] / max(1, a[n]) for a in sums]  # noqa: E731
+    return Evaluation(top1=per(0, 1), chain=per(2, 3), sampled=per(4, 1), sampled_chain=per(5, 3))
 
 
 def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
@@ -222,13 +260,12 @@ def fit_head(args, out: Path, device: torch.device, deadline: float) -> Path:
     for source in ("gen", "text"):
         part = [e for e in val if e.source == source]
         if part:
-            top1, chain = evaluate(head, part, EVAL_DEPTH, device, args.batch_tokens)
-            report[source] = {"top1_per_depth": [round(a, 4) for a in top1],
-                              "accepted_per_position": [round(a, 4) for a in chain],
-                              "mean_accepted_length": round(1 + sum(chain), 3)}
+            report[source] = evaluate(head, part, EVAL_DEPTH, device, args.batch_tokens).as_report()
             log.info("held-out %s: top-1 per depth %s, greedy chain acceptance per position %s -> mean accepted "
-                     "length %.2f at K=%d", source, report[source]["top1_per_depth"],
-                     report[source]["accepted_per_position"], 1 + sum(chain), EVAL_DEPTH)
+                     "length %.2f at K=%d; sampled at T=1: chain acceptance per position %s -> %.2f", source,
+                     report[source]["top1_per_depth"], report[source]["accepted_per_position"],
+                     report[source]["mean_accepted_length"], EVAL_DEPTH,
+                     report[source]["sampled_accepted_per_position"], report[source]["sampled_mean_accepted_length"])
     path = out / "head.safetensors"
     head.save(path, {"train_tokens": ntok, "train_conversations": len(train), "steps": steps,
                      "vocab_coverage": round(covered, 4), "held_out": report,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from actors.eagle.data import _atomic_write, _done_indices, _params_for, extract_features, per_conversation
+from actors.eagle.data import SAMPLED, SampledShare, _atomic_write, _done_indices, extract_features, per_conversation
 
 log = logging.getLogger("specray.eagle.hf_data")
 
@@ -46,23 +46,25 @@ def _answer(row: list[int], eos: list[int]) -> list[int]:
 
 
 @torch.inference_mode()
-def hf_generate(model, prompts: list[list[int]], eos: list[int], max_tokens: int, sampled: bool,
+def hf_generate(model, prompts: list[list[int]], eos: list[int], max_tokens: int, sampled: SampledShare | None,
                 device: torch.device) -> list[list[int]]:
-    """Answers to token-id ``prompts`` in one left-padded ``generate`` call: greedy, or
-    temperature 0.7 / top-p 0.95 (the engine recipe's sampled share, actors/eagle/data.py)."""
+    """Answers to token-id ``prompts`` in one left-padded ``generate`` call: greedy (``sampled``
+    None), or sampled at the share's temperature / top-p (actors/eagle/data.py)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), eos[0], dtype=torch.int64)
     mask = torch.zeros_like(ids)
     for b, p in enumerate(prompts):
         ids[b, width - len(p):], mask[b, width - len(p):] = torch.tensor(p), 1
-    extra = dict(do_sample=True, temperature=0.7, top_p=0.95, top_k=0) if sampled else dict(do_sample=False)
+    extra = (dict(do_sample=True, temperature=sampled.temperature, top_p=sampled.top_p, top_k=0) if sampled
+             else dict(do_sample=False))
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_tokens,
                          eos_token_id=eos, pad_token_id=eos[0], **extra)
     return [_answer(row, eos) for row in out[:, width:].tolist()]
 
 
 def hf_generate_responses(model, encoder, prompts: list, out_dir: Path, deadline: float, device: torch.device,
-                          batch: int = 1024, max_tokens: int = 160, seed: int = 0) -> int:
+                          batch: int = 1024, max_tokens: int = 160, seed: int = 0,
+                          share: SampledShare = SAMPLED) -> int:
     """Answer chat ``prompts`` in batches of ``batch`` until done or out of time; each batch becomes
     one shard. A batch holds prompts of similar length (little padding) and the batches run in a
     seeded random order, so a run cut short by its deadline still covers every length (in length
@@ -81,12 +83,13 @@ def hf_generate_responses(model, encoder, prompts: list, out_dir: Path, deadline
             break
         t = time.time()
         rows = []
-        is_sampled = {i: not _params_for(i, seed, max_tokens).greedy for i in chunk}  # the engine recipe's mix
+        is_sampled = {i: share.is_sampled(i, seed) for i in chunk}  # the engine recipe's mix
         for sampled in (False, True):
             part = [i for i in chunk if is_sampled[i] == sampled]
             if part:
                 torch.manual_seed(seed * 1_000_003 + 2 * chunk[0] + sampled)
-                answers = hf_generate(model, [encoded[i] for i in part], eos, max_tokens, sampled, device)
+                answers = hf_generate(model, [encoded[i] for i in part], eos, max_tokens, share if sampled else None,
+                                      device)
                 rows += [{"index": i, "prompt_ids": encoded[i], "output_ids": a} for i, a in zip(part, answers)]
         text = "".join(json.dumps(r) + "\n" for r in rows)
         _atomic_write(resp_dir / f"shard-{shard_no:05d}.jsonl", lambda p: p.write_text(text))

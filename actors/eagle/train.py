@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from actors.eagle.data import SAMPLED, SampledShare
+
 log = logging.getLogger("specray.eagle.train")
 
 
@@ -57,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of the prompt mix written in Korean (actors/eagle/korean_mix.py)")
     p.add_argument("--concurrency", type=int, default=48, help="answers generated at once")
     p.add_argument("--max-tokens", type=int, default=160, help="longest answer")
+    p.add_argument("--sampled-frac", type=float, default=SAMPLED.frac,
+                   help="share of the answers sampled rather than greedy (the head then sees the contexts that "
+                        "sampled requests produce)")
+    p.add_argument("--sample-temperature", type=float, default=SAMPLED.temperature,
+                   help="temperature of the sampled answers")
+    p.add_argument("--sample-top-p", type=float, default=SAMPLED.top_p, help="top-p of the sampled answers")
     p.add_argument("--backend", default="engine", choices=["engine", "hf"],
                    help="who runs the gen and features stages: our engine (default), or transformers' padded "
                         "batches (hf: --concurrency answers per generate call; far faster on a GPU)")
@@ -103,6 +111,10 @@ def _setup_logging(out: Path) -> None:
         root.addHandler(h)
 
 
+def _share(args) -> SampledShare:
+    return SampledShare(args.sampled_frac, args.sample_temperature, args.sample_top_p)
+
+
 def _prompt_mix(args, tokenizer) -> list:
     from actors.eagle.prompt_mix import build_prompt_mix, vocabulary_words
 
@@ -121,7 +133,8 @@ def stage_generate(args, out: Path, deadline: float) -> None:
         device, dtype = resolve_device_dtype(args.device, args.gen_dtype)
         model = load_hf_model(model_dir, device, dtype)
         n = hf_generate_responses(model, encoder, _prompt_mix(args, encoder.tokenizer), out, deadline, device,
-                                  batch=args.concurrency, max_tokens=args.max_tokens, seed=args.seed)
+                                  batch=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
+                                  share=_share(args))
         log.info("stage 1 done: %d answers", n)
         return
     from actors.eagle.data import generate_responses
@@ -133,7 +146,7 @@ def stage_generate(args, out: Path, deadline: float) -> None:
                        num_threads=args.threads)
     engine = LLMEngine(cfg)
     n = generate_responses(engine, _prompt_mix(args, engine.prompts.tokenizer), out, deadline, args.concurrency,
-                           max_tokens=args.max_tokens, seed=args.seed)
+                           max_tokens=args.max_tokens, seed=args.seed, share=_share(args))
     log.info("stage 1 done: %d answers", n)
 
 
@@ -173,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_epochs < 0:
         parser.error(f"--max-epochs {args.max_epochs}: must be >= 0 (0 = no cap)")
     args.max_epochs = args.max_epochs or None
+    try:
+        _share(args)
+    except ValueError as e:
+        parser.error(f"--sampled-frac/--sample-temperature/--sample-top-p: {e}")
     stages = set(args.stages.split(","))
     if not stages <= {"gen", "text", "features", "train"}:
         parser.error(f"--stages {args.stages!r}: use a comma-separated subset of gen,text,features,train")

@@ -11,7 +11,7 @@ from pathlib import Path
 from benchmarks.prompt_set import BenchPrompt, default_prompts_path, load_prompt_set, stratified_sample
 from benchmarks.results import BASELINE
 
-BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "eagle", "eagle:PATH")
+BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "eagle", "eagle:PATH", "default:PATH")
 
 
 def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:
@@ -52,7 +52,9 @@ def parse_float_list(flag: str, text: str, minimum: float = 0.0) -> list[float]:
 
 def _parsed_by_config(method: str) -> bool:
     """Built-in names that SpeculativeConfig.from_draft_arg parses (and validates) itself."""
-    return method in ("default", "eagle") or method.startswith(("layerskip", "eagle:"))
+    from cluster.config import is_eagle_draft
+
+    return is_eagle_draft(method) or method.startswith("layerskip")
 
 
 def is_draft_model(method: str) -> bool:

@@ -42,7 +42,9 @@ class Group:
 
 def grows_trees(method: str) -> bool:
     """Methods whose draft can grow dynamic trees (an EAGLE head)."""
-    return method in ("default", "eagle") or method.startswith("eagle:")
+    from cluster.config import is_eagle_draft
+
+    return is_eagle_draft(method)
 
 
 def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,

@@ -24,7 +24,7 @@ DEFAULT_TIE_TOLERANCE = 0.02
 def add_tune_parser(sub) -> None:
     t = sub.add_parser("tune", help="sweep K for one draft method and recommend the best (playbook Phase 3)")
     add_common_args(t, concurrency="1", spec_tokens="1,2,3,4,5,6,7,8")
-    t.add_argument("--draft", required=True, help="the method to tune: ngram | layerskip:N | default | eagle:PATH | draft model")
+    t.add_argument("--draft", required=True, help="the method to tune: ngram | layerskip:N | default | eagle:PATH | default:PATH | draft model")
     t.add_argument("--temperature", default="0", help="one sampling temperature (seeded unless --unseeded)")
     t.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, metavar="FRACTION",
                    help="tokens/s within this fraction of the best count as a tie (smaller K wins)")

@@ -100,7 +100,8 @@ class SpeculativeConfig(BaseModel):
                        tree_nodes: int | None = None) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
         where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head
-        alone), ``eagle:PATH`` (an EAGLE head file) or a draft model path/alias."""
+        alone), ``eagle:PATH`` (an EAGLE head file), ``default:PATH`` (prompt lookup, then that head
+        file) or a draft model path/alias."""
         draft = (draft or "none").strip()
         kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive, tree_width=tree_width,
                   tree_nodes=tree_nodes)
@@ -108,17 +109,22 @@ class SpeculativeConfig(BaseModel):
             return cls(method=draft, **kw)
         if draft in ("default", "eagle"):
             return cls(method="eagle", lookup_first=draft == "default", **kw)
-        if draft.startswith("eagle:"):
-            path = draft.partition(":")[2].strip()
-            if not path:
-                raise ValueError(f"draft {draft!r}: expected eagle:PATH with PATH an EAGLE head file (.safetensors)")
-            return cls(method="eagle", eagle_head=path, **kw)
+        if draft.startswith(("eagle:", "default:")):
+            kind, _, path = draft.partition(":")
+            if not path.strip():
+                raise ValueError(f"draft {draft!r}: expected {kind}:PATH with PATH an EAGLE head file (.safetensors)")
+            return cls(method="eagle", eagle_head=path.strip(), lookup_first=kind == "default", **kw)
         if draft.startswith("layerskip"):
             _, _, n = draft.partition(":")
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"draft {draft!r}: expected layerskip:N with N a positive number of layers")
             return cls(method="layerskip", layerskip_layers=int(n), **kw)
         return cls(method="draft", draft_model=draft, **kw)
+
+
+def is_eagle_draft(draft: str) -> bool:
+    """``--draft`` forms that draft with an EAGLE head (and can grow dynamic trees)."""
+    return draft in ("default", "eagle") or draft.startswith(("eagle:", "default:"))
 
 
 class EngineConfig(BaseModel):

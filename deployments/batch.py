@@ -199,7 +199,7 @@ def _check_model_arg(flag: str, spec: str) -> None:
     if is_alias(spec):
         resolve_alias(spec)
     elif not Path(spec).exists():
-        hint = " (or none | ngram | layerskip:N | default | eagle | eagle:PATH)" if flag == "--draft" else ""
+        hint = " (or none | ngram | layerskip:N | default | eagle | eagle:PATH | default:PATH)" if flag == "--draft" else ""
         raise BadInput(f"{flag} {spec!r}: no such model alias, file or directory{hint}")
 
 

@@ -63,6 +63,10 @@ def test_draft_arg_parsing():
     assert (spec.method, spec.eagle_head) == ("eagle", "/x/head.safetensors")
     with pytest.raises(ValueError, match="eagle:PATH"):
         SpeculativeConfig.from_draft_arg("eagle:")
+    both = SpeculativeConfig.from_draft_arg("default:/x/head.safetensors")
+    assert (both.method, both.eagle_head, both.lookup_first) == ("eagle", "/x/head.safetensors", True)
+    with pytest.raises(ValueError, match="default:PATH"):
+        SpeculativeConfig.from_draft_arg("default: ")
 
 
 def test_clear_errors(default_model, tiny_target_dir, tmp_path):

@@ -322,7 +322,7 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
                              f"{model} --out DIR` and pass --draft eagle:DIR/head.safetensors")
         head_path = str(DEFAULT_HEADS[model])
     if not isinstance(verifier, Verifier) or verifier.model.tp.size != 1:
-        raise ValueError("--draft default / eagle:PATH needs the in-process verifier (the head reads the target's "
+        raise ValueError("--draft default / eagle:PATH / default:PATH needs the in-process verifier (the head reads the target's "
                          "hidden states); the Ray tensor-parallel verifier (--ray) does not support it yet: "
                          "use --draft ngram or layerskip:N with --ray")
     target = verifier.model

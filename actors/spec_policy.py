@@ -42,6 +42,14 @@ def expected_tokens(rates: list[float] | np.ndarray, k: int) -> float:
     return 1.0 + float(np.cumprod(np.asarray(rates[:k], dtype=np.float64)).sum()) if k > 0 else 1.0
 
 
+def draft_node_counts(depths, widths, extra_nodes, caps):
+    """Draft nodes verified for a draft of ``depths`` (int or array) at ``widths`` nodes per depth,
+    plus ``extra_nodes`` added once by any draft of depth >= 1 (sibling draws at the first depth),
+    within ``caps`` (a dynamic tree's cap on its nodes). Broadcasts like numpy."""
+    depths = np.asarray(depths)
+    return np.minimum(depths * widths + (depths > 0) * extra_nodes, caps)
+
+
 def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, verify_s, draft_round_s,
                   base_yield: float | None = None, iterations: int = 6,
                   min_gain: float = 0.0, widths: np.ndarray | None = None,
@@ -65,8 +73,7 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     caps = np.full(B, np.iinfo(np.int64).max, dtype=np.int64) if node_caps is None else np.asarray(node_caps, np.int64)
     # nodes[b, d]: draft nodes verified for sequence b at depth d (0..K)
     once = np.zeros(B, dtype=np.int64) if extra_nodes is None else np.asarray(extra_nodes, dtype=np.int64)
-    d = np.arange(K + 1)[None, :]
-    nodes = np.minimum(d * w[:, None] + (d > 0) * once[:, None], caps[:, None])  # [B, K+1]
+    nodes = draft_node_counts(np.arange(K + 1)[None, :], w[:, None], once[:, None], caps[:, None])  # [B, K+1]
     y0 = float(B if base_yield is None else base_yield)
     cols = np.arange(1, K + 1)[None, :]
     allowed = cols <= max_depths[:, None]  # [B, K]
@@ -258,8 +265,8 @@ class DecodeSlot:
 
     def nodes_at(self, depth: int) -> int:
         """Draft nodes verified when this slot drafts ``depth`` deep."""
-        n = depth * self.width + (self.siblings - 1 if depth > 0 else 0)
-        return n if self.node_cap is None else min(n, self.node_cap)
+        cap = np.iinfo(np.int64).max if self.node_cap is None else self.node_cap
+        return int(draft_node_counts(depth, self.width, self.siblings - 1, cap))
 
 
 class SpecPolicy:

@@ -28,3 +28,16 @@ def test_sampled_acceptance_is_what_rejection_sampling_accepts():
     accepted = (torch.rand(n, generator=gen) < (p[x] / q[x]).clamp(max=1)).float().mean()
     assert float(accepted) == pytest.approx(float(sampled_acceptance(t, d, 1.0)), abs=0.005)
     assert 0.05 < float(accepted) < 0.95  # a case where the two differ, not a trivial one
+
+
+def test_sampled_acceptance_counts_target_mass_outside_the_draft_vocabulary():
+    gen = torch.Generator().manual_seed(5)
+    full, draft = torch.randn(3, 40, generator=gen), torch.randn(3, 10, generator=gen)
+    vocab = torch.arange(0, 40, 4)  # the draft vocabulary: 10 of the 40 tokens
+    lse = torch.logsumexp(full / 0.8, dim=-1)
+    exact = sampled_acceptance(full[:, vocab], draft, 0.8, lse)
+    # by hand: p over the whole vocabulary, q (zero outside the draft vocabulary) scattered into it
+    p, q = torch.softmax(full / 0.8, -1), torch.zeros(3, 40)
+    q[:, vocab] = torch.softmax(draft / 0.8, -1)
+    assert torch.allclose(exact, torch.minimum(p, q).sum(-1), atol=1e-6)
+    assert (exact < sampled_acceptance(full[:, vocab], draft, 0.8)).all()  # renormalised: overstated

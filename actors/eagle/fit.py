@@ -167,18 +167,25 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
         chain, ok = (hit, valid) if chain is None else (chain & hit, ok & valid)
         stats.append((int(hit.sum()), int(valid.sum()), int((chain & ok).sum()), int(ok.sum())))
         if temperature is not None:
-            acc = sampled_acceptance(head.logits(feats[:, tgt]).float(), logits, temperature)  # [B, m]
+            f = feats[:, tgt]
+            acc = sampled_acceptance(head.logits(f).float(), logits, temperature,
+                                     head.target_logsumexp(f, temperature))  # [B, m]
             sampled_chain = acc if s == 1 else sampled_chain * acc
             stats[-1] += (float(acc[valid].sum()), float(sampled_chain[ok].sum()))
     return total, stats
 
 
-def sampled_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def sampled_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float,
+                       target_logsumexp: torch.Tensor | None = None) -> torch.Tensor:
     """target_logits, draft_logits [..., V] over the same vocabulary -> [...]: the probability that
     speculative sampling accepts one draft drawn from the draft's distribution, sum_v min(p_v, q_v),
-    both at ``temperature``. Over a draft vocabulary the target's p is renormalised to it, which
-    overstates the acceptance by at most the target's mass outside it (the same for every head)."""
-    p = torch.softmax(target_logits / temperature, dim=-1)
+    both at ``temperature``. ``target_logsumexp`` [...]: the target's normaliser over its whole
+    vocabulary at that temperature, when the logits cover only a draft vocabulary (its mass
+    outside the draft vocabulary is never drafted); without it p is normalised over the given logits."""
+    if target_logsumexp is None:
+        p = torch.softmax(target_logits / temperature, dim=-1)
+    else:
+        p = torch.exp(target_logits / temperature - target_logsumexp.unsqueeze(-1))
     q = torch.softmax(draft_logits / temperature, dim=-1)
     return torch.minimum(p, q).sum(-1)
 

@@ -77,13 +77,15 @@ class EagleHead(nn.Module):
         self.rotary = RotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.embed: torch.Tensor | None = None  # [V, H] the target's input embedding (borrowed)
         self.lm_rows: torch.Tensor | None = None  # [Vd, H] the target's LM head rows of draft_vocab
+        self.target_lm_head: torch.Tensor | None = None  # [V, H] the target's whole LM head (borrowed)
 
     # ---- wiring to a target --------------------------------------------------------------
     def attach(self, target, target_name: str = "the target") -> "EagleHead":
         """Borrow the target's embedding and LM head rows (a LlamaForCausalLM, TP size 1)."""
         check_compatible(self.cfg, target.config, self.cfg.target or "this head", target_name)
         self.embed = target.embed_tokens.weight.detach()
-        self.lm_rows = target.lm_head.weight.detach()[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
+        self.target_lm_head = target.lm_head.weight.detach()
+        self.lm_rows = self.target_lm_head[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
         return self
 
     def init_from_target(self, target) -> None:
@@ -131,6 +133,15 @@ class EagleHead(nn.Module):
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [..., H] -> logits over the draft vocabulary [..., Vd]."""
         return linear(feats.to(self.lm_rows.dtype), self.lm_rows)
+
+    @torch.no_grad()
+    def target_logsumexp(self, feats: torch.Tensor, temperature: float, rows: int = 512) -> torch.Tensor:
+        """feats [..., H] -> [...]: log of the target's softmax normaliser over its whole vocabulary
+        at ``temperature`` (chunks of ``rows`` positions: a [rows, V] block at a time)."""
+        flat = feats.reshape(-1, feats.shape[-1])
+        w = self.target_lm_head
+        out = [torch.logsumexp(linear(c.to(w.dtype), w).float() / temperature, dim=-1) for c in flat.split(rows)]
+        return torch.cat(out).view(feats.shape[:-1]) if out else flat.new_zeros(feats.shape[:-1])
 
     # ---- files ---------------------------------------------------------------------------
     def save(self, path: str | Path, info: dict | None = None) -> None:

@@ -113,11 +113,13 @@ def random_default_head(default_model, tmp_path_factory):
 
 @pytest.mark.model
 @pytest.mark.parametrize("concurrency", [1, 4])
-@pytest.mark.parametrize("which", ["default", "random"])
+@pytest.mark.parametrize("which", ["default", "random", "lookup+random"])
 def test_greedy_eagle_is_lossless(which, concurrency, default_model, chat_prompts, greedy_baseline,
                                   random_default_head):
-    """``default``: lookup first, the committed head elsewhere; ``random``: an untrained head alone."""
-    draft = "default" if which == "default" else f"eagle:{random_default_head}"
+    """``default``: lookup first, the committed head elsewhere; ``random``: an untrained head alone;
+    ``lookup+random``: lookup first, then that head file (``default:PATH``)."""
+    draft = {"default": "default", "random": f"eagle:{random_default_head}",
+             "lookup+random": f"default:{random_default_head}"}[which]
     eng = LLMEngine(_cfg(draft), loaded=default_model)
     outs = eng.generate(chat_prompts, SamplingParams(max_tokens=MAX_TOKENS), chat=True, concurrency=concurrency)
     assert [o.token_ids for o in outs] == greedy_baseline
@@ -127,6 +129,10 @@ def test_greedy_eagle_is_lossless(which, concurrency, default_model, chat_prompt
         assert eng.proposer.num_first > 0 and eng.proposer.num_second > 0
         assert sum(o.num_accepted_tokens for o in outs) / sum(o.num_drafts for o in outs) > 0.1
         head = eng.proposer.second
+    if which == "lookup+random":  # lookup drafted, and the head is the file's, not the committed one
+        assert eng.proposer.num_first > 0
+        head = eng.proposer.second
+        assert head.head.cfg.draft_vocab_size == 1024
     assert not head.states, "finished sequences left head state behind"
 
 

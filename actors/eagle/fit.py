@@ -135,7 +135,12 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
     toks, feats, nxt, lens, answer = batch
     L = feats.shape[1]
     Lp = L - 1
-    target_logp = torch.log_softmax(head.logits(feats).float(), dim=-1)  # [B, L, Vd] target over draft vocab
+    target_logits = head.logits(feats).float()  # [B, L, Vd] the target over the draft vocabulary
+    target_logp = torch.log_softmax(target_logits, dim=-1)
+    if temperature is None:
+        del target_logits  # training: only the log-probabilities are needed
+    else:  # [B, L]: the target's normaliser over its whole vocabulary, once for every depth
+        target_lse = head.target_logsumexp(feats, temperature)
     origins = torch.arange(Lp, device=toks.device)
     f_in = feats[:, :-1] + (torch.rand(feats[:, :-1].shape, generator=rng, device=feats.device) * 2 - 1) * noise
     h = head.entry(toks[:, 1:], f_in)
@@ -167,9 +172,7 @@ def unrolled_loss(head: EagleHead, batch: tuple, unroll: int, noise: float, rng:
         chain, ok = (hit, valid) if chain is None else (chain & hit, ok & valid)
         stats.append((int(hit.sum()), int(valid.sum()), int((chain & ok).sum()), int(ok.sum())))
         if temperature is not None:
-            f = feats[:, tgt]
-            acc = sampled_acceptance(head.logits(f).float(), logits, temperature,
-                                     head.target_logsumexp(f, temperature))  # [B, m]
+            acc = sampled_acceptance(target_logits[:, tgt], logits, temperature, target_lse[:, tgt])  # [B, m]
             sampled_chain = acc if s == 1 else sampled_chain * acc
             stats[-1] += (float(acc[valid].sum()), float(sampled_chain[ok].sum()))
     return total, stats

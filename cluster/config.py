@@ -14,6 +14,10 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
 
 
+EAGLE_DRAFTS = ("default", "eagle")  # --draft names of the committed head (default: prompt lookup first)
+EAGLE_DRAFT_PREFIXES = ("eagle:", "default:")  # the same with a head file: eagle:PATH, default:PATH
+
+
 class SpeculativeConfig(BaseModel):
     """What proposes draft tokens and how many.
 
@@ -107,9 +111,9 @@ class SpeculativeConfig(BaseModel):
                   tree_nodes=tree_nodes)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
-        if draft in ("default", "eagle"):
+        if draft in EAGLE_DRAFTS:
             return cls(method="eagle", lookup_first=draft == "default", **kw)
-        if draft.startswith(("eagle:", "default:")):
+        if draft.startswith(EAGLE_DRAFT_PREFIXES):
             kind, _, path = draft.partition(":")
             if not path.strip():
                 raise ValueError(f"draft {draft!r}: expected {kind}:PATH with PATH an EAGLE head file (.safetensors)")
@@ -124,7 +128,7 @@ class SpeculativeConfig(BaseModel):
 
 def is_eagle_draft(draft: str) -> bool:
     """``--draft`` forms that draft with an EAGLE head (and can grow dynamic trees)."""
-    return draft in ("default", "eagle") or draft.startswith(("eagle:", "default:"))
+    return draft in EAGLE_DRAFTS or draft.startswith(EAGLE_DRAFT_PREFIXES)
 
 
 class EngineConfig(BaseModel):

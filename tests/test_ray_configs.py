@@ -121,7 +121,9 @@ def test_local_config_is_the_cpu_default():
     [(_, app, args)] = _apps(CONFIGS / "serve_local.yaml")
     from cluster.config import DEFAULT_MODEL
 
-    assert (args.engine.model, args.engine.device, args.engine.speculative.method) == (DEFAULT_MODEL, "cpu", "ngram")
+    spec = args.engine.speculative  # --draft default: prompt lookup, then the committed EAGLE head
+    assert (args.engine.model, args.engine.device) == (DEFAULT_MODEL, "cpu")
+    assert (spec.method, spec.lookup_first, spec.eagle_head, spec.adaptive) == ("eagle", True, None, True)
     assert (args.num_replicas, args.num_gpus, args.autoscaling) == (1, 0, None)
     assert (app.name, app.route_prefix) == ("specray", "/")
 

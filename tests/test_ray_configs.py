@@ -128,6 +128,21 @@ def test_local_config_is_the_cpu_default():
     assert (app.name, app.route_prefix) == ("specray", "/")
 
 
+def test_replica_torch_threads_follow_its_cpu_reservation():
+    """An in-process replica's torch threads default to its num_cpus (at least 1), not the node's
+    cores; an explicit engine.num_threads wins. The local config relies on it (num_cpus 1)."""
+    from deployments.engine_factory import replica_engine_config
+    from deployments.serve_config import ServeArgs
+
+    [(_, _, local)] = _apps(CONFIGS / "serve_local.yaml")
+    assert local.engine.num_threads is None and replica_engine_config(local).num_threads == int(local.num_cpus) == 1
+    assert replica_engine_config(ServeArgs(num_cpus=4)).num_threads == 4
+    assert replica_engine_config(ServeArgs(num_cpus=0.5)).num_threads == 1
+    explicit = ServeArgs(num_cpus=4, engine={"num_threads": 2})
+    assert replica_engine_config(explicit).num_threads == 2
+    assert explicit.engine.num_threads == 2 and ServeArgs(num_cpus=4).engine.num_threads is None  # args untouched
+
+
 def test_4xa100_config_matches_the_cluster():
     """Each replica (its step loop plus one GPU per TP rank, STRICT_PACK) takes one whole GPU node,
     and the cluster can hold max_replicas of them."""

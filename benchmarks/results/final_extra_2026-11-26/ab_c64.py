@@ -1,4 +1,5 @@
-"""c=64: requests with spec_tokens=0 vs adaptive requests whose policy always picks depth 0 (pure bookkeeping cost)."""
+"""ABBA at concurrency C: plain (spec_tokens=0), "auto0" (adaptive requests whose policy is forced to depth 0:
+the bookkeeping alone) and adaptive. Usage: ab_c64.py C REPS [C1,C2,... run first as the policy's history]."""
 import sys, time, torch
 sys.path.insert(0, "/work/main")
 torch.set_num_threads(2)

@@ -13,8 +13,6 @@ import itertools
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
-
 from actors.kv_service import KVEntry, Settle
 from actors.sequence import Sequence, SeqStatus
 
@@ -92,9 +90,10 @@ class BatchScheduler:
         return backlog > 0 and backlog + decoding * tokens_per_decode > self.max_num_batched_tokens
 
     # ---- the step plan ------------------------------------------------------------------
-    def schedule(self, spec_budget: Callable[[Sequence], int]) -> SchedulerOutput:
+    def schedule(self, spec_budgets: dict[int, int]) -> SchedulerOutput:
+        """spec_budgets: seq_id -> draft-node slots to reserve for a decoding sequence (absent: 0)."""
         running = [KVEntry(s.seq_id, s.num_computed, s.num_tokens,
-                           spec_budget(s) if s.num_uncomputed == 1 else 0) for s in self.running]
+                           spec_budgets.get(s.seq_id, 0) if s.num_uncomputed == 1 else 0) for s in self.running]
         room = max(0, self.max_num_seqs - len(self.running))
         waiting = [KVEntry(s.seq_id, 0, s.num_tokens, 0, s.token_ids) for s in list(self.waiting)[:room]]
         plan = self.kv.plan(running, waiting, self.max_num_seqs, self.max_num_batched_tokens)

@@ -61,7 +61,7 @@ def _run(loaded, proposer, n_micro: int, prompts, args):
     # fixed K (the budget; drafts come from the workers): the comparison is of the overlap alone
     spec = SpeculativeConfig(method="ngram", num_spec_tokens=args.spec_tokens, adaptive=False)
     eng = LLMEngine(EngineConfig(model=args.model, speculative=spec, num_threads=args.target_threads), loaded=loaded)
-    eng.proposer = proposer
+    eng.drafting.proposer = proposer
     stepper = eng.set_draft_overlap(n_micro)
     eng.generate(prompts[:2], SamplingParams(max_tokens=8, ignore_eos=True), chat=True)  # warm-up
     stepper.timings.clear()
@@ -99,10 +99,10 @@ def measure_round_trip(batch: int, steps: int = 100, history: int = 300) -> tupl
     """Per-step Ray cost of a drafter call: an n-gram worker (negligible compute) answering ``batch``
     requests with ``history``-token contexts, one new token per sequence per step (the delta protocol
     at work). Returns (median round trip, median time inside the worker), in ms."""
-    from actors.drafter import DraftRequest
-    from actors.drafter_worker import DrafterSpec
+    from actors.proposers.base import DraftRequest
+    from actors.proposers.worker import DrafterSpec
     from actors.sampling_params import SamplingParams
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     rp = RemoteProposer([DrafterSpec("ngram")])
     gen = torch.Generator().manual_seed(0)
@@ -136,9 +136,9 @@ def _compare(results: dict, outputs: dict) -> None:
 def main(argv=None) -> None:
     import ray
 
-    from actors.drafter_worker import DrafterSpec
+    from actors.proposers.worker import DrafterSpec
     from actors.model.loader import load_model, resolve_model_dir
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     args = _args(argv)
     torch.set_num_threads(args.target_threads)

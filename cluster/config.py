@@ -27,7 +27,7 @@ class SpeculativeConfig(BaseModel):
     ``lookup_first``: draft by prompt lookup where a suffix of >= 2 tokens recurs and by the
     proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head).
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
-    likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/dynamic_tree.py);
+    likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/proposers/dynamic_tree.py);
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
     the cap keeps the verify forward small. Unseeded sampled requests cannot take a dynamic tree
     (its candidates are not draws from q): they draft a chain with up to ``tree_width`` distinct

@@ -1,54 +1,217 @@
-"""What the engine asks its proposer for each step: the speculation budget the scheduler reserves
-per sequence, the draft source of a sequence (the adaptive policy's estimates are kept per
-source), the depth the policy chooses, and the well-formed trees it accepts back.
+"""Drafting for one engine: ``DraftPlanner`` owns the proposer and the adaptive policy.
 
-A mixin of ``LLMEngine`` (cluster/engine.py): it reads the engine's config, scheduler, proposer
-and policy; the overlapped step (cluster/overlap.py) uses the same methods per micro-batch.
+Per step, in the engine's order:
+- ``begin_step``, then ``budgets(running)``: draft-node slots the scheduler reserves per decoding
+  sequence (the policy may reserve none, e.g. while prefill is pending);
+- ``propose(scheduled)``: the draft requests (each sequence's expansion, cut to the depth the
+  policy chooses), the proposer's trees, only well-formed ones kept; a failing proposer means this
+  step decodes without speculation (``requests``/``accept``/``failed`` are the same steps one at a
+  time, for the overlapped step in cluster/overlap.py);
+- after verification: ``record`` each sequence's accepted length, ``observe_features`` hands a
+  feature-reading proposer (EAGLE) what was committed, ``learn`` feeds the policy's cost tables;
+- ``release`` when a sequence finishes, is aborted or preempted; ``on_idle`` when nothing runs.
+The draft source of a sequence (the proposer's kind of draft now: lookup after an n-token match,
+the head, ...) is looked up once per step, so scheduling, depth choice and learning agree.
 """
 from __future__ import annotations
 
 import logging
+from time import perf_counter
 
-from actors.drafter import DraftRequest
+import torch
+
+from actors.proposers.base import DraftRequest, Proposer
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
-from actors.spec_policy import DecodeSlot
+from actors.spec_policy import DecodeSlot, SpecPolicy
 from actors.tree import TokenTree, expansion_num_nodes
+from actors.verifier import SeqChunk
+from cluster.config import SpeculativeConfig
 
 log = logging.getLogger("specray.engine")
 
 
-class DraftPlanning:
-    def _drafts_would_shrink_prefill(self) -> bool:
-        """Prefill before drafts: when the step's token budget cannot hold the waiting prompts
-        and every decoding sequence's full draft, the policy's sequences draft nothing this step
-        (their reserved tokens would otherwise be taken from prefill chunks, before the policy
-        could weigh them)."""
-        return self.scheduler.drafts_would_shrink_prefill(1 + expansion_num_nodes(self.config.speculative.expansion))
+class DraftPlanner:
+    def __init__(self, spec: SpeculativeConfig, proposer: Proposer | None, policy: SpecPolicy | None,
+                 scheduler, max_model_len: int):
+        """proposer None: no speculation; policy None: fixed K / tree (no adaptive depth);
+        scheduler: the engine's BatchScheduler (block tables of the scheduled sequences)."""
+        self.spec, self.proposer, self.policy = spec, proposer, policy
+        self.scheduler, self.max_model_len = scheduler, max_model_len
+        self.sources: dict[tuple[int, int], str | None] = {}  # (seq_id, num_tokens) -> draft source
+        self.hold = False  # this step, the policy's sequences draft nothing (a prefill is pending)
+        self.num_failures = 0
 
-    def _spec_budget(self, seq: Sequence) -> int:
-        policy = self.spec_policy
-        free = policy is not None and seq.params.spec_tokens is None
-        if free and (self._hold_drafts or not policy.reserve(seq.seq_id, self._draft_source(seq))):
+    @property
+    def max_depth(self) -> int:
+        """Draft positions per step at most (0 without a proposer): what the metrics count per position."""
+        return len(self.spec.expansion) if self.proposer is not None else 0
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden
+
+    # ---- before scheduling --------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Before scheduling: a new step's draft sources; with a policy, its step count and whether
+        the policy's sequences hold their drafts this step (``drafts_would_shrink_prefill``)."""
+        self.sources = {}
+        if self.policy is None:
+            return
+        self.policy.begin_step()
+        self.hold = self.drafts_would_shrink_prefill()
+
+    def drafts_would_shrink_prefill(self) -> bool:
+        """Prefill before drafts: when the step's token budget cannot hold the waiting prompts and
+        every decoding sequence's full draft, the policy's sequences draft nothing this step (their
+        reserved tokens would otherwise be taken from prefill chunks, before the policy could weigh them)."""
+        return self.scheduler.drafts_would_shrink_prefill(1 + expansion_num_nodes(self.spec.expansion))
+
+    def budgets(self, running: list[Sequence]) -> dict[int, int]:
+        """seq_id -> draft-node slots to reserve, for the decoding sequences among ``running``."""
+        if self.proposer is None:
+            return {}
+        return {s.seq_id: self._budget(s) for s in running if s.num_uncomputed == 1}
+
+    def _budget(self, seq: Sequence) -> int:
+        free = self.policy is not None and seq.params.spec_tokens is None
+        if free and (self.hold or not self.policy.reserve(seq.seq_id, self.source(seq))):
             return 0
-        exp = self._expansion_for(seq, None)
-        return self._draft_nodes(seq, exp)
+        return self._draft_nodes(seq, self._expansion_for(seq, None))
+
+    # ---- drafting -----------------------------------------------------------------------------
+    def propose(self, scheduled: list[ScheduledSeq]) -> tuple[dict[int, TokenTree], float | None]:
+        """seq_id -> tree for the sequences that draft this step, and the seconds drafting took
+        (None when nothing was drafted)."""
+        t0 = perf_counter()
+        reqs = self.requests(scheduled)
+        if not reqs:
+            return {}, None
+        try:
+            trees = self.accept(reqs, self.proposer.propose(reqs))
+        except Exception as e:
+            self.failed(e)
+            return {}, None
+        return trees, (perf_counter() - t0 if trees else None)
+
+    def requests(self, scheduled: list[ScheduledSeq]) -> list[DraftRequest]:
+        """What to ask the proposer for: decoding sequences with a speculation budget, at the depth
+        the adaptive policy chooses (if any)."""
+        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
+        cands = [(s, exp) for s, exp in cands if exp]
+        if self.policy is not None and cands:
+            cands = self._adapt_depths(scheduled, cands)
+        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
+                             min(s.num_spec, self._draft_nodes(s.seq, exp)),
+                             s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
+                for s, exp in cands]
+
+    @staticmethod
+    def accept(reqs: list[DraftRequest], trees: list[TokenTree]) -> dict[int, TokenTree]:
+        """seq_id -> tree, keeping only well-formed trees (right root, within the reserved slots)."""
+        if len(trees) != len(reqs):
+            raise ValueError(f"proposer returned {len(trees)} trees for {len(reqs)} draft requests")
+        return {r.seq_id: t for r, t in zip(reqs, trees) if t.tokens[0] == r.token_ids[-1] and t.size - 1 <= r.max_nodes}
+
+    def failed(self, e: Exception) -> None:
+        """Speculation failure degrades to plain decoding for the step; counted and logged once."""
+        self.num_failures += 1
+        log.warning("proposer %s failed (%s); decoding this step without speculation",
+                    self.proposer.name, e, exc_info=self.num_failures == 1)
+
+    # ---- after verification -------------------------------------------------------------------
+    def drafted_sources(self, part: list[ScheduledSeq], trees: dict[int, TokenTree]) -> set:
+        """The draft sources of ``part``'s drafted sequences (read before their tokens are appended)."""
+        if self.policy is None:
+            return set()
+        return {self.source(s.seq) for s in part if s.seq.seq_id in trees}
+
+    def record(self, seq: Sequence, tree: TokenTree, num_accepted: int) -> None:
+        """Verification kept ``num_accepted`` of ``tree``'s drafts (call before appending the tokens)."""
+        if self.policy is not None and tree.size > 1:
+            self.policy.record(seq.seq_id, tree.max_depth, num_accepted, self.source(seq))
+
+    def learn(self, part: list[ScheduledSeq], chunks: list[SeqChunk], num_trees: int, max_depth: int,
+              draft_s: float | None, verify_s: float, drafted: set) -> None:
+        """The policy's cost tables: a decode-only forward's seconds by its token count (a forward that
+        is mostly one prefill chunk is cheaper per token than the same tokens spread over many
+        sequences, and would make drafts look free), and the draft round's seconds."""
+        if self.policy is None:
+            return
+        if all(s.is_decode for s in part):
+            self.policy.observe_verify(sum(len(c.token_ids) for c in chunks), verify_s, len(chunks))
+        if num_trees and draft_s is not None:
+            self.policy.observe_draft(num_trees, max_depth, draft_s, drafted)
+
+    def observe_features(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],
+                         computed: dict[int, int], hidden: torch.Tensor) -> None:
+        """Hand the proposer the features of the positions each sequence committed this step.
+
+        computed: seq_id -> num_computed before the step; hidden: [N, H] final-normed hidden states
+        of the step's tokens, in ``chunks`` order. A prefill chunk commits all its rows; a decode step
+        commits the root and the accepted path, found by walking the tree along the committed tokens
+        (equal-token siblings share a path, so their features are equal)."""
+        start = 0
+        for s, chunk in zip(part, chunks):
+            seq, n0 = s.seq, computed[s.seq.seq_id]
+            n1 = seq.num_computed
+            if not seq.is_finished and n1 > n0:
+                if s.is_decode:
+                    tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+                    kids, rows = tree.child_lists(), [0]
+                    for tok in seq.token_ids[n0 + 1: n1]:
+                        rows.append(next(c for c in kids[rows[-1]] if tree.tokens[c] == tok))
+                else:
+                    rows = list(range(n1 - n0))
+                self.proposer.observe(seq.seq_id, n0, hidden[start + torch.tensor(rows)])
+            start += len(chunk.token_ids)
+
+    def release(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.release(seq.seq_id)
+        if self.policy is not None:
+            self.policy.release(seq.seq_id)
+
+    def on_idle(self) -> None:
+        """Nothing left to run: let a remote proposer send the releases it holds back."""
+        if self.proposer is not None:
+            self.proposer.flush()
+
+    # ---- shapes of a sequence's draft ---------------------------------------------------------
+    def source(self, seq: Sequence) -> str | None:
+        """The proposer's kind of draft for ``seq`` now (its estimates are kept per kind), once per
+        step and sequence: scheduling and depth choice see the same tokens."""
+        key = (seq.seq_id, seq.num_tokens)
+        if key not in self.sources:
+            try:
+                self.sources[key] = self.proposer.draft_source(seq.token_ids)
+            except Exception:  # a failing proposer is handled (plain decoding) where it proposes
+                self.sources[key] = ""
+        return self.sources[key]
+
+    def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
+        k = seq.params.spec_tokens
+        exp = [1] * k if k is not None else self.spec.expansion
+        exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
+        while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
+            exp = exp[:-1]
+        return exp
 
     def _draft_nodes(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes that ``seq``'s draft of expansion ``exp`` verifies at most."""
         siblings = self._siblings(seq, exp)
         if siblings > 1:
             return len(exp) + siblings - 1
-        return self.config.speculative.draft_nodes(expansion_num_nodes(exp), self._nodes_per_depth(seq, exp))
+        return self.spec.draft_nodes(expansion_num_nodes(exp), self._nodes_per_depth(seq, exp))
 
     def _siblings(self, seq: Sequence, exp: list[int]) -> int:
         """Distinct draws at the first depth of ``seq``'s chain ``exp``: the proposer's sampled
         siblings for unseeded sampled requests (which draft chains, not dynamic trees), else 1;
         as many as the request's full chain leaves room for within the tree_nodes cap, at any depth."""
-        spec = self.config.speculative
+        spec = self.spec
         if seq.params.deterministic or not exp or any(w != 1 for w in exp) or spec.tree_width == 1:
             return 1
-        siblings = self.proposer.sampled_siblings(self._draft_source(seq))
+        siblings = self.proposer.sampled_siblings(self.source(seq))
         if spec.tree_nodes is not None:
             k = seq.params.spec_tokens if seq.params.spec_tokens is not None else len(spec.expansion)
             siblings = min(siblings, spec.tree_nodes - k + 1)
@@ -62,75 +225,18 @@ class DraftPlanning:
     def _nodes_per_depth(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes per depth of ``seq``'s draft now: a dynamic tree's width, or 1 (chains and
         fixed trees; unseeded sampling, which needs draws from q, drafts chains, see _siblings)."""
-        if not exp or any(w != 1 for w in exp) or self.config.speculative.tree_width == 1:
+        if not exp or any(w != 1 for w in exp) or self.spec.tree_width == 1:
             return 1
         if not seq.params.deterministic:
             return 1
-        return self.proposer.nodes_per_depth(self._draft_source(seq))
-
-    def _draft_source(self, seq: Sequence) -> str | None:
-        """The proposer's kind of draft for ``seq`` now (its estimates are kept per kind), once per
-        step and sequence: scheduling and depth choice see the same tokens."""
-        key = (seq.seq_id, seq.num_tokens)
-        if key not in self._sources:
-            classify = getattr(self.proposer, "draft_source", None)
-            try:
-                self._sources[key] = "" if classify is None else classify(seq.token_ids)
-            except Exception:  # a failing proposer is handled (plain decoding) where it proposes
-                self._sources[key] = ""
-        return self._sources[key]
-
-    def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
-        if self.proposer is None:
-            return []
-        k = seq.params.spec_tokens
-        exp = [1] * k if k is not None else self.config.speculative.expansion
-        exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
-        while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
-            exp = exp[:-1]
-        return exp
-
-    def draft_requests(self, scheduled: list[ScheduledSeq]) -> list[DraftRequest]:
-        """What to ask the proposer for: decoding sequences with a speculation budget, at the depth
-        the adaptive policy chooses (if any)."""
-        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
-        cands = [(s, exp) for s, exp in cands if exp]
-        if self.spec_policy is not None and cands:
-            cands = self._adapt_depths(scheduled, cands)
-        return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
-                             min(s.num_spec, self._draft_nodes(s.seq, exp)),
-                             s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
-                for s, exp in cands]
-
-    @staticmethod
-    def accept_trees(reqs: list[DraftRequest], trees: list[TokenTree]) -> dict[int, TokenTree]:
-        """seq_id -> tree, keeping only well-formed trees (right root, within the reserved slots)."""
-        if len(trees) != len(reqs):
-            raise ValueError(f"proposer returned {len(trees)} trees for {len(reqs)} draft requests")
-        return {r.seq_id: t for r, t in zip(reqs, trees) if t.tokens[0] == r.token_ids[-1] and t.size - 1 <= r.max_nodes}
-
-    def proposer_failed(self, e: Exception) -> None:
-        """Speculation failure degrades to plain decoding for the step; counted and logged once."""
-        self.num_proposer_failures += 1
-        log.warning("proposer %s failed (%s); decoding this step without speculation",
-                    getattr(self.proposer, "name", "?"), e, exc_info=self.num_proposer_failures == 1)
-
-    def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, TokenTree]:
-        reqs = self.draft_requests(scheduled)
-        if not reqs:
-            return {}
-        try:
-            return self.accept_trees(reqs, self.proposer.propose(reqs))
-        except Exception as e:
-            self.proposer_failed(e)
-            return {}
+        return self.proposer.nodes_per_depth(self.source(seq))
 
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
-                            source=self._draft_source(s.seq), width=self._nodes_per_depth(s.seq, exp),
+                            source=self.source(s.seq), width=self._nodes_per_depth(s.seq, exp),
                             node_cap=self._draft_nodes(s.seq, exp), siblings=self._siblings(s.seq, exp))
                  for s, exp in cands]
-        depths = self.spec_policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
-                                         base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
+        depths = self.policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
+                                    base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]

@@ -1,8 +1,9 @@
 """The in-process engine: add_request / step / abort, one target forward per step.
 
-step(): schedule -> propose token trees -> one forward over every prefill chunk, decode token and
-tree node -> verify (greedy longest match or multi-step speculative sampling) -> move accepted
-K/V to logical positions, release the rest -> detokenize, check stops, emit deltas.
+step(): schedule (the draft planner reserves draft slots) -> draft token trees (cluster/drafting.py)
+-> one forward over every prefill chunk, decode token and tree node -> verify (greedy longest
+match or multi-step speculative sampling) -> commit: move accepted K/V to logical positions,
+release the rest -> detokenize, check stops, emit deltas.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from time import perf_counter as _now
 
 import torch
 
-from actors.eagle.proposer import observe_committed
 from actors.kv_service import KVService
 from actors.logprobs import record_logprobs
+from actors.proposers.base import Proposer, ProposerContext
 from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
@@ -23,7 +24,7 @@ from actors.spec_policy import SpecPolicy
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 from cluster.config import EngineConfig
-from cluster.drafting import DraftPlanning
+from cluster.drafting import DraftPlanner
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
@@ -33,9 +34,10 @@ from cluster.runtime import kv_blocks_for, resolve_device_dtype
 log = logging.getLogger("specray.engine")
 
 
-class LLMEngine(DraftPlanning):
+class LLMEngine:
     def __init__(self, config: EngineConfig, loaded=None, draft_loaded=None, verifier=None, kv=None,
-                 proposer=None, metrics: EngineMetrics | None = None, spec_policy: SpecPolicy | None = None):
+                 proposer: Proposer | None = None, metrics: EngineMetrics | None = None,
+                 spec_policy: SpecPolicy | None = None):
         """loaded: a LoadedModel to reuse (tests load once per session); verifier: a backend with
         Verifier's interface (e.g. a Ray tensor-parallel shard group), else a local Verifier;
         kv: a KV service client (e.g. the replica's allocator actor), else a local KVService;
@@ -65,32 +67,46 @@ class LLMEngine(DraftPlanning):
         self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
-        self.proposer = proposer or (build_proposer(spec, self, draft_loaded) if spec.enabled else None)
-        self._needs_hidden = getattr(self.proposer, "needs_hidden", False)
+        if proposer is None and spec.enabled:
+            proposer = build_proposer(spec, self.proposer_context(), draft_loaded)
         # per step, per sequence: how deep to draft (0 = plain decoding), from measured costs
-        self.spec_policy = ((spec_policy or SpecPolicy(len(spec.expansion)))
-                            if self.proposer is not None and spec.adaptive else None)
-        self._sources: dict[tuple[int, int], str | None] = {}  # (seq_id, num_tokens) -> draft source
-        self._hold_drafts = False  # this step, the policy's sequences draft nothing (a prefill is pending)
+        policy = (spec_policy or SpecPolicy(len(spec.expansion))) if proposer is not None and spec.adaptive else None
+        self.drafting = DraftPlanner(spec, proposer, policy, self.scheduler, self.max_model_len)
         self.metrics = metrics or EngineMetrics()
-        self.metrics.watch(self.scheduler, self.kv, len(spec.expansion) if self.proposer is not None else 0)
+        self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth)
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
-        self.num_proposer_failures = 0
         self.num_verifier_restarts = 0
         self.max_verifier_restarts = 3
-        self._overlap = None
-        if config.draft_overlap_micro_batches > 1 and self.proposer is not None:
+        self.overlap = None
+        if config.draft_overlap_micro_batches > 1 and proposer is not None:
             self.set_draft_overlap(config.draft_overlap_micro_batches)
+
+    def proposer_context(self) -> ProposerContext:
+        """What a proposer may use of this engine's target (built before the proposer)."""
+        return ProposerContext(self.config.model, self.verifier, self.tokenizer, self.device, self.dtype,
+                               self.config.block_size)
 
     def set_draft_overlap(self, num_micro_batches: int | None):
         """Verify each step in ``num_micro_batches`` parts whose drafts overlap (cluster/overlap.py;
         1 = one part, timed the same way; None = the plain step). Returns the stepper (its timings)."""
         from cluster.overlap import OverlapStepper
 
-        self._overlap = None if num_micro_batches is None else OverlapStepper(self, num_micro_batches)
-        return self._overlap
+        self.overlap = None if num_micro_batches is None else OverlapStepper(self, num_micro_batches)
+        return self.overlap
+
+    @property
+    def proposer(self) -> Proposer | None:
+        return self.drafting.proposer
+
+    @property
+    def spec_policy(self) -> SpecPolicy | None:
+        return self.drafting.policy
+
+    @property
+    def num_proposer_failures(self) -> int:
+        return self.drafting.num_failures
 
     @property
     def allocator(self):
@@ -122,54 +138,43 @@ class LLMEngine(DraftPlanning):
 
     def on_idle(self) -> None:
         """Nothing left to run: let a remote proposer release what finished sequences hold."""
-        flush = getattr(self.proposer, "flush", None)
-        if flush is not None:
-            flush()
+        self.drafting.on_idle()
+
+    def shutdown(self) -> None:
+        """Stop what the engine started besides itself (drafter worker actors)."""
+        if self.proposer is not None:
+            self.proposer.shutdown()
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        # drafts of one micro-batch overlap verification of another (cluster/overlap.py), or one go
-        return self.run_step(self._overlap.verify_in_flight if self._overlap is not None else self._draft_and_verify)
-
-    def run_step(self, run) -> list[RequestOutput]:
-        """One step: schedule, ``run(scheduled)`` drafts and verifies it (False: the verifier was
-        restarted and every running request re-queued), then the outputs of the sequences that moved."""
-        if self.spec_policy is not None:
-            self._sources = {}
-            self.spec_policy.begin_step()
-            self._hold_drafts = self._drafts_would_shrink_prefill()
-        sched = self.scheduler.schedule(self._spec_budget)
+        """schedule -> draft -> one target forward -> verify -> commit -> emit the sequences that moved."""
+        self.drafting.begin_step()
+        sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
         for seq in sched.preempted:
-            self._release_draft(seq)
+            self.drafting.release(seq)
         if not sched.scheduled:
             return []
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
-        if not run(sched.scheduled):
+        if self.overlap is not None:  # drafts of one micro-batch overlap verification of another
+            done = self.overlap.verify_in_flight(sched.scheduled)
+        else:
+            trees, draft_s = self.drafting.propose(sched.scheduled)
+            done = self.verify_part(sched.scheduled, trees, draft_s)
+        if not done:  # the verifier was restarted and every running request re-queued
             return []
         return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
 
-    def _draft_and_verify(self, scheduled: list[ScheduledSeq]) -> bool:
-        t0 = _now()
-        trees = self._propose(scheduled)
-        return self.verify_part(scheduled, trees, _now() - t0 if trees else None)
-
     def verify_part(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], draft_s: float | None) -> bool:
         """One target forward over ``part`` (all or a micro-batch of the step) with its draft trees,
-        verification and the cost/acceptance bookkeeping; ``draft_s``: what drafting cost the step.
+        verification, commit and what drafting learns from it; ``draft_s``: what drafting cost.
         A failed forward re-queues everything on a restarted verifier (returns False), else finishes
         ``part``'s requests with a clear error."""
         t1 = _now()
-        # the drafted sequences' sources, read before _apply appends tokens (the policy's cost tables)
-        drafted = ({self._draft_source(s.seq) for s in part if s.seq.seq_id in trees}
-                   if self.spec_policy is not None else set())
+        drafted = self.drafting.drafted_sources(part, trees)  # before tokens are appended
         chunks, rows, spans = self._plan_forward(part, trees)
-        hidden = None
         try:
-            if self._needs_hidden:  # an EAGLE-style proposer reads the target's features
-                logits, hidden = self.verifier.forward_logits_and_hidden(chunks, rows)
-            else:
-                logits = self.verifier.forward_logits(chunks, rows)
+            logits, hidden = self._forward(chunks, rows)
         except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
             log.exception("target forward failed")
             if self._restart_verifier():
@@ -178,19 +183,21 @@ class LLMEngine(DraftPlanning):
                 self._finish_now(s.seq, "error", f"target forward failed: {e}")
             return True
         computed = {s.seq.seq_id: s.seq.num_computed for s in part}
-        self._apply(part, trees, spans, logits)
+        self._verify_and_commit(part, trees, spans, logits)
         if hidden is not None:
-            observe_committed(self.proposer, part, chunks, trees, computed, hidden)
-        t2 = _now()
-        self.metrics.observe_step(draft_s, t2 - t1)
-        if self.spec_policy is not None:
-            # decode-only steps: a forward that is mostly one prefill chunk is cheaper per token than
-            # the same number of tokens spread over many sequences, and would make drafts look free
-            if all(s.is_decode for s in part):
-                self.spec_policy.observe_verify(sum(len(c.token_ids) for c in chunks), t2 - t1, len(chunks))
-            if trees and draft_s is not None:
-                self.spec_policy.observe_draft(len(trees), max(t.max_depth for t in trees.values()), draft_s, drafted)
+            self.drafting.observe_features(part, chunks, trees, computed, hidden)
+        verify_s = _now() - t1
+        self.metrics.observe_step(draft_s, verify_s)
+        depth = max((t.max_depth for t in trees.values()), default=0)
+        self.drafting.learn(part, chunks, len(trees), depth, draft_s, verify_s, drafted)
         return True
+
+    def _forward(self, chunks: list[SeqChunk], rows: list[int]):
+        """(logits [len(rows), V], hidden [N, H] of every token or None): hidden states only for a
+        proposer that reads the target's features (EAGLE)."""
+        if self.drafting.needs_hidden:
+            return self.verifier.forward_logits_and_hidden(chunks, rows)
+        return self.verifier.forward_logits(chunks, rows), None
 
     def _restart_verifier(self) -> bool:
         """A restartable verifier (a TP shard group) lost a rank: restart the whole group and
@@ -205,7 +212,7 @@ class LLMEngine(DraftPlanning):
             log.exception("verifier restart failed")
             return False
         for seq in self.scheduler.requeue_all():
-            self._release_draft(seq)
+            self.drafting.release(seq)
         return True
 
     def _plan_forward(self, scheduled, trees):
@@ -231,8 +238,8 @@ class LLMEngine(DraftPlanning):
             n += len(ids)
         return chunks, rows, spans
 
-    def _apply(self, scheduled, trees, spans, logits: torch.Tensor) -> None:
-        """logits: [M, V] rows of _plan_forward. Verify, move accepted K/V, append tokens."""
+    def _verify_and_commit(self, scheduled, trees, spans, logits: torch.Tensor) -> None:
+        """logits: [M, V] rows of _plan_forward. Verify, move accepted K/V, append tokens, settle KV."""
         argmax = logits.argmax(dim=-1).tolist()
         src, dst = [], []
         for s, (r0, nrows) in zip(scheduled, spans):
@@ -255,8 +262,7 @@ class LLMEngine(DraftPlanning):
                     dst.append(self.scheduler.slot(seq, nc + depth))
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
-            if self.spec_policy is not None and tree.size > 1:
-                self.spec_policy.record(seq.seq_id, tree.max_depth, len(res.accepted_nodes), self._draft_source(seq))
+            self.drafting.record(seq, tree, len(res.accepted_nodes))
             self._append(seq, res.accepted_tokens + [res.next_token])
             if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
                 record_logprobs(seq, logits, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
@@ -264,7 +270,7 @@ class LLMEngine(DraftPlanning):
         for s in scheduled:
             self._check_stop_strings(s.seq)
             if s.seq.is_finished:
-                self._release_draft(s.seq)
+                self.drafting.release(s.seq)
         self.scheduler.settle([s.seq for s in scheduled])
 
     def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int]):
@@ -304,14 +310,8 @@ class LLMEngine(DraftPlanning):
         if not seq.is_finished:
             self._mark_finished(seq, reason, error)
             self.scheduler.remove(seq)
-            self._release_draft(seq)
+            self.drafting.release(seq)
         return self._emit(seq, prev)
-
-    def _release_draft(self, seq: Sequence) -> None:
-        if self.proposer is not None:
-            self.proposer.release(seq.seq_id)
-        if self.spec_policy is not None:
-            self.spec_policy.release(seq.seq_id)
 
     def _emit(self, seq: Sequence, prev_tokens: int) -> RequestOutput:
         text = self.detok.text_of(seq)

@@ -11,8 +11,14 @@ B's draft time hides behind A's verification. The price is a second target forwa
 memory-bound device a forward reads all weights however few tokens it carries, so V(A) + V(B) can
 approach 2 V(A+B) at small batch. ``run_in_flight`` is the generic core (any submit/verify
 callables); ``OverlapStepper`` runs the verification of an ``LLMEngine`` step that way with a
-``RemoteProposer`` (with ``num_micro_batches=1`` it is the engine's own step, timed the same way);
-scheduling, the adaptive policy's depth choice and emission are the engine's own.
+proposer that drafts in other processes (``supports_async``: RemoteProposer), through the engine's
+public pieces: its ``DraftPlanner`` (requests, accept, failed) and ``verify_part`` (with
+``num_micro_batches=1`` it is the engine's own step, timed the same way); scheduling, the adaptive
+policy's depth choice and emission are the engine's own.
+
+On the 2-core CPU it has not paid (BENCHMARKS.md: 0.83x with a draft model in a drafter actor, both
+models memory-bound on one memory bus); it is off by default and can pay where draft and target
+sit on separate devices.
 
 Across steps the same idea goes further (draft A for step t+1 while verifying B of step t); that
 needs the scheduler to plan micro-batches separately and belongs in the engine's step loop.
@@ -20,6 +26,7 @@ needs the scheduler to plan micro-batches separately and belongs in the engine's
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +37,6 @@ class MicroBatchTiming:
     draft_wait_s: float  # driver blocked waiting for this micro-batch's trees (exposed draft time)
     verify_s: float  # target forward + verification of this micro-batch
     draft_compute_s: float  # the workers' own drafting time for it (0 when nothing was drafted)
-
-    @property
-    def hidden_s(self) -> float:
-        """Drafting time that ran while the driver was busy elsewhere."""
-        return max(0.0, self.draft_compute_s - self.draft_wait_s)
 
 
 @dataclass(slots=True)
@@ -101,23 +103,26 @@ def split_micro_batches(items: list, n: int) -> list[list]:
 
 class OverlapStepper:
     """The verification half of an engine step, split into micro-batches whose drafts overlap the
-    verification of earlier ones. The engine's ``proposer`` must offer ``propose_async``
-    (RemoteProposer). ``engine.step()`` uses it when ``draft_overlap_micro_batches > 1`` (or after
-    ``engine.set_draft_overlap(n)``); output equals the plain step's token for token."""
+    verification of earlier ones. The engine's proposer must draft in other processes
+    (``supports_async``). ``engine.step()`` uses it when ``draft_overlap_micro_batches > 1`` (or after
+    ``engine.set_draft_overlap(n)``); output equals the plain step's token for token. ``timings``
+    keeps the last ``MAX_TIMINGS`` steps."""
+
+    MAX_TIMINGS = 4096
 
     def __init__(self, engine, num_micro_batches: int = 2):
         proposer = engine.proposer
-        if not hasattr(proposer, "propose_async"):
+        if proposer is None or not proposer.supports_async:
             raise ValueError(f"proposer {getattr(proposer, 'name', proposer)!r} has no propose_async; "
                              "overlap needs drafters that run in other processes (RemoteProposer)")
         split_micro_batches([], num_micro_batches)  # validates n
         self.engine, self.num_micro_batches = engine, num_micro_batches
-        self.timings: list[StepTiming] = []
+        self.timings: deque[StepTiming] = deque(maxlen=self.MAX_TIMINGS)
 
     def verify_in_flight(self, scheduled) -> bool:
-        """``LLMEngine.run_step``'s middle: False when the verifier restarted (the step stops)."""
-        eng = self.engine
-        parts = [(part, eng.draft_requests(part)) for part in split_micro_batches(scheduled, self.num_micro_batches)]
+        """``LLMEngine.step``'s draft-and-verify: False when the verifier restarted (the step stops)."""
+        drafting = self.engine.drafting
+        parts = [(part, drafting.requests(part)) for part in split_micro_batches(scheduled, self.num_micro_batches)]
         timing = run_in_flight(parts, self._submit, self._verify)
         self.timings.append(timing)
         return timing.completed
@@ -127,14 +132,14 @@ class OverlapStepper:
         return self.engine.proposer.propose_async(reqs) if reqs else None
 
     def _verify(self, micro_batch, trees_list, error: Exception | None, wait_s: float) -> bool:
-        eng = self.engine
+        drafting = self.engine.drafting
         part, reqs = micro_batch
         trees = {}
         try:
             if error is not None:
                 raise error
             if trees_list is not None:
-                trees = eng.accept_trees(reqs, trees_list)
+                trees = drafting.accept(reqs, trees_list)
         except Exception as e:  # this micro-batch decodes without speculation
-            eng.proposer_failed(e)
-        return eng.verify_part(part, trees, wait_s if trees else None)
+            drafting.failed(e)
+        return self.engine.verify_part(part, trees, wait_s if trees else None)

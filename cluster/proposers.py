@@ -1,11 +1,22 @@
-"""From a SpeculativeConfig to a proposer (pure wiring, no state of its own)."""
+"""From a SpeculativeConfig to a proposer (pure wiring, no state of its own).
+
+Everything a proposer may use of the target comes in a ``ProposerContext`` (its name, runner,
+tokenizer, device, dtype, block size), never the engine: the in-process engine, a Ray replica and
+tests build the same context.
+"""
 from __future__ import annotations
 
-from actors.drafter import FallbackProposer, NgramProposer, Proposer
-from actors.model_drafter import DraftModelProposer, LayerSkipProposer
+from collections.abc import Sequence
+
+from actors.proposers.base import Proposer, ProposerContext
+from actors.proposers.combined import FallbackProposer
+from actors.proposers.model_draft import DraftModelProposer, LayerSkipProposer
+from actors.proposers.ngram import NgramProposer
+from actors.proposers.remote import RemoteProposer
+from actors.proposers.worker import DrafterSpec
 from actors.verifier import Verifier
 from cluster.config import SpeculativeConfig
-from cluster.tokenizer_check import check_tokenizers_compatible
+from cluster.tokenizer_check import check_draft_tokenizer, check_tokenizers_compatible
 
 
 # --draft default drafts by lookup where a suffix of this many tokens recurs, by the head elsewhere.
@@ -14,36 +25,53 @@ from cluster.tokenizer_check import check_tokenizers_compatible
 LOOKUP_FIRST_MIN_MATCH = 2
 
 
-def build_proposer(spec: SpeculativeConfig, engine, draft_loaded=None) -> Proposer:
-    """engine: the LLMEngine being built (its verifier, tokenizer and dtype are reused)."""
-    proposer = _build_method(spec, engine, draft_loaded)
+def build_proposer(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=None) -> Proposer:
+    """The in-process proposer of ``spec`` for the target described by ``ctx``; draft_loaded: a
+    LoadedModel to reuse as the draft model (tests load once)."""
+    proposer = _build_method(spec, ctx, draft_loaded)
     if spec.lookup_first and spec.method != "ngram":
         lookup = NgramProposer(max(spec.ngram_min, LOOKUP_FIRST_MIN_MATCH), max(spec.ngram_max, LOOKUP_FIRST_MIN_MATCH))
         return FallbackProposer(lookup, proposer)
     return proposer
 
 
-def _build_method(spec: SpeculativeConfig, engine, draft_loaded=None) -> Proposer:
+def _build_method(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=None) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     if spec.method == "layerskip":
-        return LayerSkipProposer(engine.verifier, spec.layerskip_layers)
+        return LayerSkipProposer(ctx.verifier, spec.layerskip_layers)
     if spec.method == "draft":
         from actors.model.loader import load_model
 
-        draft = draft_loaded or load_model(spec.draft_model, dtype=engine.dtype, device=engine.device)
-        check_tokenizers_compatible(engine.tokenizer, draft.tokenizer, engine.config.model, spec.draft_model)
-        runner = Verifier(draft.model, engine.verifier.num_blocks, engine.config.block_size,
-                          engine.device, engine.dtype)
+        draft = draft_loaded or load_model(spec.draft_model, dtype=ctx.dtype, device=ctx.device)
+        check_tokenizers_compatible(ctx.tokenizer, draft.tokenizer, ctx.model, spec.draft_model)
+        runner = Verifier(draft.model, ctx.verifier.num_blocks, ctx.block_size, ctx.device, ctx.dtype)
         return DraftModelProposer(runner)
     if spec.method == "eagle":
         from actors.eagle.head import DEFAULT_HEADS
-        from actors.eagle.proposer import build_eagle_proposer
+        from actors.proposers.eagle import build_eagle_proposer
 
-        committed = DEFAULT_HEADS.get(engine.config.model)
+        committed = DEFAULT_HEADS.get(ctx.model)
         if spec.eagle_head is None and committed is not None and not committed.exists():
-            raise ValueError(f"--draft default: the EAGLE head for {engine.config.model!r} is not trained and "
+            raise ValueError(f"--draft default: the EAGLE head for {ctx.model!r} is not trained and "
                              f"committed yet ({committed} is missing); use --draft ngram, or train one with "
-                             f"`python -m actors.eagle.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
-        return build_eagle_proposer(spec.eagle_head, engine.config.model, engine.verifier, spec.tree_width)
+                             f"`python -m training.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
+        return build_eagle_proposer(spec.eagle_head, ctx.model, ctx.verifier, spec.tree_width)
     raise ValueError(f"speculative method {spec.method!r} has no proposer")
+
+
+def build_remote_proposer(spec: SpeculativeConfig, ctx: ProposerContext, methods: Sequence[str] | None = None,
+                          draft_tokenizer=None, **options) -> RemoteProposer:
+    """From a SpeculativeConfig to drafter workers for the target of ``ctx`` (its tokenizer, KV block
+    count, block size, dtype and device are reused). methods: one worker each, e.g. ["ngram", "draft"];
+    default [spec.method]. The draft's tokenizer is checked against the target's here, on the driver,
+    before any worker starts (draft_tokenizer overrides the one read from the draft's directory).
+    options: RemoteProposer's (timeout_s, actor_options, ...)."""
+    methods = list(methods or [spec.method])
+    if "draft" in methods:
+        check_draft_tokenizer(ctx.tokenizer, ctx.model, spec.draft_model, draft_tokenizer)
+    dtype = str(ctx.dtype).removeprefix("torch.")
+    specs = [DrafterSpec(m, spec.draft_model if m == "draft" else None, spec.ngram_min, spec.ngram_max,
+                         ctx.verifier.num_blocks, ctx.block_size, dtype, device=str(ctx.device))
+             for m in methods]
+    return RemoteProposer(specs, **options)

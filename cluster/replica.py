@@ -83,8 +83,7 @@ def build_replica_engine(config: EngineConfig, opts: RayOptions):
 
 def shutdown_replica_engine(engine) -> None:
     """Stop what build_replica_engine started: drafter workers and the shard group."""
-    if engine.proposer is not None and hasattr(engine.proposer, "shutdown"):
-        engine.proposer.shutdown()
+    engine.shutdown()
     _shutdown_verifier(engine.verifier)
 
 
@@ -111,7 +110,7 @@ class SchedulerActor:
         return {"kv": eng.kv.stats(), "proposer_failures": eng.num_proposer_failures,
                 "verifier_restarts": eng.num_verifier_restarts,
                 "verifier": v.stats() if hasattr(v, "stats") else {},
-                "proposer": getattr(eng.proposer, "stats", lambda: {})()}
+                "proposer": eng.proposer.stats() if eng.proposer is not None else {}}
 
     def ping(self) -> str:
         return "ok"

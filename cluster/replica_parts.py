@@ -3,11 +3,11 @@ actor and the proposer (drafter worker actors, or in-process beside the verifier
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import ray
 
 from actors.kv_service import KVService
+from actors.proposers.base import ProposerContext
 from cluster.config import EngineConfig
 from cluster.runtime import kv_blocks_for, resolve_device_dtype
 
@@ -48,14 +48,13 @@ def build_proposer_for(config: EngineConfig, verifier, meta, opts):
     if not spec.enabled:
         return None
     device, dtype = resolve_device_dtype(config.device, config.dtype)
-    engine_like = SimpleNamespace(verifier=verifier, tokenizer=meta.tokenizer, config=config,
-                                  dtype=dtype, device=device)
+    ctx = ProposerContext(config.model, verifier, meta.tokenizer, device, dtype, config.block_size)
     try:
         if opts.drafters > 0 and spec.method in ("ngram", "draft"):
-            return _remote_proposer(spec, engine_like, opts)
+            return _remote_proposer(spec, ctx, opts)
         from cluster.proposers import build_proposer
 
-        return build_proposer(spec, engine_like)
+        return build_proposer(spec, ctx)
     except Exception as e:
         if not opts.allow_no_spec:
             raise ValueError(f"drafter {spec.draft_model or spec.method!r} failed to load: {e}") from None
@@ -67,16 +66,14 @@ def drafter_methods(method: str, drafters: int) -> list[str]:
     return [method] + ["ngram"] * (drafters - 1) if method == "draft" else ["ngram"]
 
 
-def _remote_proposer(spec, engine_like, opts):
+def _remote_proposer(spec, ctx: ProposerContext, opts):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from cluster.remote_proposer import build_remote_proposer
+    from cluster.proposers import build_remote_proposer
 
-    verifier = engine_like.verifier
-    pg, topo = verifier.replica_placement_group, verifier.replica_topology
+    pg, topo = ctx.verifier.replica_placement_group, ctx.verifier.replica_topology
     # any free bundle of the replica's group: the verifier ranks fill theirs, drafters take the rest
     options = {"num_cpus": topo.cpus_per_drafter,
                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=-1)}
-    return build_remote_proposer(spec, engine_like, drafter_methods(spec.method, opts.drafters),
-                                 device=str(engine_like.device), actor_options=options,
+    return build_remote_proposer(spec, ctx, drafter_methods(spec.method, opts.drafters), actor_options=options,
                                  start_timeout_s=opts.timeout_s)

@@ -26,3 +26,17 @@ def check_tokenizers_compatible(target_tok, draft_tok, target_name: str, draft_n
         if a != b:
             raise ValueError(f"draft {draft_name!r} has a different tokenizer: it encodes {text[:30]!r} "
                              f"differently (vocab sizes {dv} and {tv})")
+
+
+def check_draft_tokenizer(target_tok, target_name: str, draft_model: str | None, draft_tok=None) -> None:
+    """Driver-side: the draft model exists and speaks the target's tokenizer; else ValueError naming it."""
+    from actors.model.loader import load_tokenizer, resolve_model_dir
+
+    if not draft_model:
+        raise ValueError("method 'draft' needs draft_model (a local path or alias)")
+    draft_dir = resolve_model_dir(draft_model)  # clear error for a missing path, before any worker starts
+    draft_tok = draft_tok or load_tokenizer(draft_dir)
+    if draft_tok is None:
+        raise ValueError(f"draft model {draft_model!r} has no tokenizer files (tokenizer.json / "
+                         "tokenizer_config.json), so it cannot be checked against the target's tokenizer")
+    check_tokenizers_compatible(target_tok, draft_tok, target_name, draft_model)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from actors.drafter_worker import DraftCall, DrafterSpec, DrafterWorker
+from actors.proposers.worker import DraftCall, DrafterSpec, DrafterWorker
 from actors.sampling_params import SamplingParams
 from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
@@ -28,7 +28,7 @@ def _specs(tiny_draft_dir, *methods):
 def _engine(tiny_target_dir, proposer):
     """An engine whose speculation budget comes from a k=4 chain and whose proposer is ``proposer``."""
     eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
-    eng.proposer = proposer
+    eng.drafting.proposer = proposer
     return eng
 
 
@@ -99,21 +99,21 @@ def test_worker_sampling_is_seeded_and_returns_q(tiny_draft_dir):
 def test_build_checks_the_draft_on_the_driver_first(tiny_target_dir, tiny_draft_dir, tmp_path):
     """Bad draft models fail before any worker starts (no Ray needed to see the error)."""
     from cluster.config import SpeculativeConfig
-    from cluster.remote_proposer import build_remote_proposer
+    from cluster.proposers import build_remote_proposer
 
     eng = tiny_engine(tiny_target_dir)
     missing = str(tmp_path / "missing-draft")
     with pytest.raises(ValueError, match=re.escape(repr(missing))):
-        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=missing), eng)
+        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=missing), eng.proposer_context())
     with pytest.raises(ValueError, match="has no tokenizer files"):
-        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng)
+        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng.proposer_context())
 
     class Wide(type(eng.tokenizer)):
         def __len__(self):
             return 512
 
     with pytest.raises(ValueError, match="different tokenizer: vocab size 512"):
-        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng,
+        build_remote_proposer(SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir)), eng.proposer_context(),
                               draft_tokenizer=Wide())
 
 
@@ -122,11 +122,11 @@ def test_build_checks_the_draft_on_the_driver_first(tiny_target_dir, tiny_draft_
 def merged(ray_cluster, tiny_target_dir, tiny_draft_dir):
     """ngram + draft-model workers, built as the engine would (driver-side tokenizer check first)."""
     from cluster.config import SpeculativeConfig
-    from cluster.remote_proposer import build_remote_proposer
+    from cluster.proposers import build_remote_proposer
 
     eng = tiny_engine(tiny_target_dir, num_kv_blocks=256)
     spec = SpeculativeConfig(method="draft", draft_model=str(tiny_draft_dir), num_spec_tokens=4)
-    rp = build_remote_proposer(spec, eng, ["ngram", "draft"], draft_tokenizer=eng.tokenizer)
+    rp = build_remote_proposer(spec, eng.proposer_context(), ["ngram", "draft"], draft_tokenizer=eng.tokenizer)
     assert [(s.spec.method, s.spec.draft_model, s.spec.block_size) for s in rp.slots] == [
         ("ngram", None, 4), ("draft", str(tiny_draft_dir), 4)]
     yield rp
@@ -162,7 +162,7 @@ def test_overlapped_micro_batches_are_lossless(merged, tiny_target_dir, tiny_pro
     knob = eng.config.model_copy(update={"draft_overlap_micro_batches": 2})
     eng2 = LLMEngine(knob, loaded=eng.loaded, proposer=merged)
     assert _ids(eng2.generate(tiny_prompts, GREEDY)) == tiny_baseline
-    assert max(len(t.micro) for t in eng2._overlap.timings) == 2
+    assert max(len(t.micro) for t in eng2.overlap.timings) == 2
     _assert_workers_clean(merged)
 
 
@@ -172,11 +172,11 @@ def test_overlapped_steps_run_the_adaptive_policy(merged, tiny_target_dir, tiny_
     (its per-step memo stays one step's worth), learns verify and draft costs per micro-batch and
     chooses the depths the workers draft."""
     eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)
-    eng.proposer = merged
+    eng.drafting.proposer = merged
     stepper = eng.set_draft_overlap(2)
     policy, steps, seen = eng.spec_policy, [], []
     begin = policy.begin_step
-    policy.begin_step = lambda: (steps.append(1), seen.append(len(eng._sources)), begin())[-1]
+    policy.begin_step = lambda: (steps.append(1), seen.append(len(eng.drafting.sources)), begin())[-1]
     outs = eng.generate(tiny_prompts, GREEDY, concurrency=4)
     assert _ids(outs) == tiny_baseline
     assert len(steps) >= len(stepper.timings) > 0
@@ -198,7 +198,7 @@ def test_sampling_through_workers_is_reproducible(merged, tiny_target_dir, tiny_
 
 @pytest.mark.ray
 def test_killing_one_drafter_mid_generation(ray_cluster, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     rp = RemoteProposer(_specs(tiny_draft_dir, "ngram", "draft"))
     try:
@@ -215,7 +215,7 @@ def test_killing_one_drafter_mid_generation(ray_cluster, tiny_target_dir, tiny_d
 
 @pytest.mark.ray
 def test_killing_all_drafters_and_a_missed_deadline(ray_cluster, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     rp = RemoteProposer(_specs(tiny_draft_dir, "ngram", "draft"))
     try:
@@ -238,7 +238,7 @@ def test_killing_all_drafters_and_a_missed_deadline(ray_cluster, tiny_target_dir
 @pytest.mark.ray
 def test_bad_draft_model_fails_at_construction(ray_cluster, tmp_path):
     """The worker's own load error comes back at construction, naming the slot and the path."""
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -250,7 +250,7 @@ def test_bad_draft_model_fails_at_construction(ray_cluster, tmp_path):
 
 @pytest.mark.ray
 def test_two_proposers_on_one_host_do_not_interfere(ray_cluster, merged, tiny_target_dir, tiny_draft_dir, tiny_prompts, tiny_baseline):
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.remote import RemoteProposer
 
     other = RemoteProposer(_specs(tiny_draft_dir, "draft"))
     try:

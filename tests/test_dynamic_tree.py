@@ -1,4 +1,4 @@
-"""Dynamic draft trees (actors/dynamic_tree.py, EagleProposer with tree_width > 1): the pool keeps
+"""Dynamic draft trees (actors/proposers/dynamic_tree.py, EagleProposer with tree_width > 1): the pool keeps
 the best-scoring, ancestor-closed nodes; trees stay within width x depth nodes; every candidate
 is scored by what the head predicts after its own path; output stays the target's
 (greedy and seeded sampling, fixed and adaptive depths, lookup first); the policy pays for width."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.dynamic_tree import DraftPool
+from actors.proposers.dynamic_tree import DraftPool
 from actors.sampling_params import SamplingParams
 from actors.spec_policy import choose_depths
 from tests.tiny import TINY_MAX_TOKENS, random_eagle_head, tiny_engine
@@ -242,7 +242,7 @@ def test_each_candidates_score_is_the_heads_log_prob_after_its_own_path(monkeypa
     (at their positions) and no one else's, or the candidates of a second-choice branch are scored
     by the wrong context. Every candidate's own log-probability (its path score minus its parent's)
     must be what the head gives after that candidate's path, computed from scratch."""
-    import actors.eagle.proposer as mod
+    import actors.proposers.eagle as mod
     from actors.model.loader import load_model
 
     pools = []

@@ -70,7 +70,7 @@ def test_draft_arg_parsing():
 
 
 def test_clear_errors(default_model, tiny_target_dir, tmp_path):
-    from actors.eagle.proposer import build_eagle_proposer
+    from actors.proposers.eagle import build_eagle_proposer
     from actors.model.loader import load_model
 
     tiny = load_model(tiny_target_dir).model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from actors.proposers.base import Proposer
 from actors.sampling_params import SamplingParams
 from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
@@ -102,7 +103,7 @@ def test_abort_frees_blocks_and_others_finish(tiny_target_dir, tiny_prompts, tin
     _assert_no_leak(eng)
 
 
-class _Broken:
+class _Broken(Proposer):
     name = "broken"
 
     def propose(self, reqs):
@@ -114,7 +115,7 @@ class _Broken:
 
 def test_proposer_failure_degrades_to_plain_decoding(tiny_target_dir, tiny_prompts, tiny_baseline):
     eng = tiny_engine(tiny_target_dir, draft="ngram", k=4)
-    eng.proposer = _Broken()
+    eng.drafting.proposer = _Broken()
     outs = eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     assert _ids(outs) == tiny_baseline[:2]
     assert eng.num_proposer_failures > 0

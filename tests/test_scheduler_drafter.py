@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.drafter import DraftRequest, FallbackProposer, MergedProposer, NgramProposer
+from actors.proposers.base import DraftRequest, Proposer
+from actors.proposers.combined import FallbackProposer, MergedProposer
+from actors.proposers.ngram import NgramProposer
 from actors.kv_service import KVService
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler
@@ -17,7 +19,7 @@ def _seqs(n, length=10):
 
 def _finish_prefill(sched, spec=0):
     """Pretend the model ran: computed tokens advance, a prefill that completes samples token 7."""
-    out = sched.schedule(lambda s: spec)
+    out = sched.schedule({s.seq_id: spec for s in sched.running})
     for s in out.scheduled:
         s.seq.num_computed += s.num_query
         if s.seq.num_computed == s.seq.num_tokens:
@@ -41,7 +43,7 @@ def test_decode_gets_spec_slots_then_shrinks_when_blocks_run_out():
     sched.add(a)
     sched.add(b)
     _finish_prefill(sched)  # each: 8 computed + 1 sampled = 9 tokens -> 3 blocks each, pool full
-    out = sched.schedule(lambda s: 5)
+    out = sched.schedule({s.seq_id: 5 for s in sched.running})
     # a wants 8 + 1 + 5 = 14 slots (4 blocks): no room, so speculation is dropped, then b is preempted
     assert out.preempted == [b]
     assert [(s.seq, s.num_spec) for s in out.scheduled] == [(a, 5)]
@@ -93,7 +95,7 @@ def test_ngram_draft_source_is_the_longest_match():
     assert ngram.draft_source([7]) is None
 
 
-class _Fixed:
+class _Fixed(Proposer):
     """A proposer that always drafts ``token`` once (stands in for a model proposer)."""
 
     name = "model"

@@ -84,7 +84,7 @@ def test_sample_next_seeded_needs_the_position():
 
 
 def keyed_drafts(width: int, depth: int, draft: ToyLM = DRAFT):
-    """What actors.model_drafter does for a seeded request: the top-width of q / E, E the race of
+    """What actors.proposers.model_draft does for a seeded request: the top-width of q / E, E the race of
     the child's position, each continued by the race's winner."""
 
     def propose(pos: int, root: int, seed: int) -> TokenTree:

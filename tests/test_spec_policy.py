@@ -348,22 +348,22 @@ def test_prefill_comes_before_drafts(tiny_target_dir, tiny_prompts, tiny_baselin
     from tests.tiny import TINY_MAX_TOKENS, tiny_engine
 
     eng = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True, max_num_batched_tokens=16)
-    assert eng.scheduler.prefill_backlog() == 0 and not eng._drafts_would_shrink_prefill()
+    assert eng.scheduler.prefill_backlog() == 0 and not eng.drafting.drafts_would_shrink_prefill()
     steps = []
-    propose = eng._propose
+    propose = eng.drafting.propose
 
     def spy(scheduled):
-        trees = propose(scheduled)
-        steps.append((eng._hold_drafts, eng.scheduler.prefill_backlog(), len(trees)))
-        return trees
+        trees, draft_s = propose(scheduled)
+        steps.append((eng.drafting.hold, eng.scheduler.prefill_backlog(), len(trees)))
+        return trees, draft_s
 
-    eng._propose = spy
+    eng.drafting.propose = spy
     outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=4)
     assert [o.token_ids for o in outs] == tiny_baseline
     held = [s for s in steps if s[0]]
     assert held and all(n_trees == 0 for _, _, n_trees in held)
     assert any(n_trees > 0 for hold, _, n_trees in steps if not hold)
-    assert not eng._drafts_would_shrink_prefill()  # nothing waits any more
+    assert not eng.drafting.drafts_would_shrink_prefill()  # nothing waits any more
 
 
 def test_fixed_spec_config_has_no_policy(tiny_target_dir, tiny_draft_dir):
@@ -374,4 +374,4 @@ def test_fixed_spec_config_has_no_policy(tiny_target_dir, tiny_draft_dir):
     eng = tiny_engine(tiny_target_dir, draft="draft", draft_dir=tiny_draft_dir, k=3, adaptive=False)
     out = eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
     assert eng.spec_policy is None and out.num_output_tokens == 12 and out.num_drafts > 0
-    assert eng._sources == {}, "without a policy no draft sources are looked up (or kept)"
+    assert eng.drafting.sources == {}, "without a policy no draft sources are looked up (or kept)"

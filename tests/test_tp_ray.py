@@ -235,8 +235,8 @@ def test_tp3_default_model_is_token_identical_to_tp1(default_model, default_grou
 def test_tp2_with_two_merged_drafter_workers_is_lossless(tiny_group, tiny_target_dir, tiny_model_dir, tiny_prompts,
                                                           tiny_baseline):
     """TP=2 verification + two drafter actors (n-gram and a draft model) whose trees are merged."""
-    from actors.drafter_worker import DrafterSpec
-    from cluster.remote_proposer import RemoteProposer
+    from actors.proposers.worker import DrafterSpec
+    from actors.proposers.remote import RemoteProposer
 
     draft_dir = tiny_model_dir("llama", seed=1, num_hidden_layers=1, tie_word_embeddings=False)
     rp = RemoteProposer([DrafterSpec("ngram", block_size=TINY_BS),

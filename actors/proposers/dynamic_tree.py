@@ -9,7 +9,7 @@ the chance that the target accepts the whole path, so the kept nodes are those m
 accepted. Scores only fall along a path (log-probabilities are <= 0), so ranked by score (ties
 to the shallower node) a parent always comes before its children.
 
-Pure bookkeeping on Python floats; the proposer (actors/eagle/proposer.py) runs the draft model.
+Pure bookkeeping on Python floats; the proposer (actors/proposers/eagle.py) runs the draft model.
 """
 from __future__ import annotations
 

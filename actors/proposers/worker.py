@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actors.drafter import DraftRequest, NgramProposer, Proposer
+from actors.proposers.base import DraftRequest, Proposer
+from actors.proposers.ngram import NgramProposer
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree
 
@@ -96,7 +97,7 @@ def build_worker_proposer(spec: DrafterSpec) -> Proposer:
     if spec.method == "ngram":
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     from actors.model.loader import load_model
-    from actors.model_drafter import DraftModelProposer
+    from actors.proposers.model_draft import DraftModelProposer
     from actors.verifier import Verifier
 
     dtype, device = getattr(torch, spec.dtype), torch.device(spec.device)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from actors.drafter import DraftRequest, Proposer
 from actors.kv_allocator import KVBlockAllocator
+from actors.proposers.base import DraftRequest, Proposer
 from actors.sampling import logits_to_probs, race_top, sample_distinct
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from actors.drafter import DraftRequest, Proposer
-from actors.drafter_worker import DraftCall, DrafterSpec, DraftReply, drafter_actor_class
+from actors.proposers.base import DraftRequest, Proposer
+from actors.proposers.worker import DraftCall, DrafterSpec, DraftReply, drafter_actor_class
 from actors.tree import TokenTree, merge_trees, truncate_tree
 
 log = logging.getLogger("specray.drafters")
@@ -72,6 +72,8 @@ class PendingProposal:
 
 
 class RemoteProposer(Proposer):
+    supports_async = True  # drafts in worker processes while the driver verifies
+
     def __init__(self, specs: Sequence[DrafterSpec], timeout_s: float = 10.0, start_timeout_s: float = 120.0,
                  actor_options: dict | None = None, max_restarts: int = 3):
         """specs: one per worker (e.g. [ngram, draft]); timeout_s: per-step deadline for answers;
@@ -324,35 +326,3 @@ def _root_cause(err: BaseException) -> str:
         if "Error:" in ln or "Exception:" in ln:
             return ln.strip()
     return lines[-1].strip() if lines else type(err).__name__
-
-
-def build_remote_proposer(spec, engine, methods: Sequence[str] | None = None, draft_tokenizer=None,
-                          device: str = "cpu", **options) -> RemoteProposer:
-    """From a SpeculativeConfig to drafter workers for ``engine`` (its tokenizer, KV block count, block
-    size and dtype are reused). methods: one worker each, e.g. ["ngram", "draft"]; default
-    [spec.method]. The draft's tokenizer is checked against the target's here, on the driver,
-    before any worker starts (draft_tokenizer overrides the one read from the draft's directory).
-    options: RemoteProposer's (timeout_s, actor_options, ...)."""
-    methods = list(methods or [spec.method])
-    if "draft" in methods:
-        check_draft_tokenizer(engine.tokenizer, engine.config.model, spec.draft_model, draft_tokenizer)
-    dtype = str(engine.dtype).removeprefix("torch.")
-    specs = [DrafterSpec(m, spec.draft_model if m == "draft" else None, spec.ngram_min, spec.ngram_max,
-                         engine.verifier.num_blocks, engine.config.block_size, dtype, device=device)
-             for m in methods]
-    return RemoteProposer(specs, **options)
-
-
-def check_draft_tokenizer(target_tok, target_name: str, draft_model: str | None, draft_tok=None) -> None:
-    """Driver-side: the draft model exists and speaks the target's tokenizer; else ValueError naming it."""
-    from actors.model.loader import load_tokenizer, resolve_model_dir
-    from cluster.tokenizer_check import check_tokenizers_compatible
-
-    if not draft_model:
-        raise ValueError("method 'draft' needs draft_model (a local path or alias)")
-    draft_dir = resolve_model_dir(draft_model)  # clear error for a missing path, before any worker starts
-    draft_tok = draft_tok or load_tokenizer(draft_dir)
-    if draft_tok is None:
-        raise ValueError(f"draft model {draft_model!r} has no tokenizer files (tokenizer.json / "
-                         "tokenizer_config.json), so it cannot be checked against the target's tokenizer")
-    check_tokenizers_compatible(target_tok, draft_tok, target_name, draft_model)

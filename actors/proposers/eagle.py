@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from actors.drafter import DraftRequest, Proposer
-from actors.dynamic_tree import DraftPool
+from actors.proposers.base import DraftRequest, Proposer
+from actors.proposers.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
@@ -76,7 +76,7 @@ class EagleProposer(Proposer):
     needs_hidden = True  # the engine must call observe() with the target's features
 
     def __init__(self, head: EagleHead, tree_width: int = 1):
-        """tree_width > 1: greedy and seeded requests get a dynamic tree (actors/dynamic_tree.py)
+        """tree_width > 1: greedy and seeded requests get a dynamic tree (actors/proposers/dynamic_tree.py)
         keeping that many candidates per depth, of at most the request's max_nodes nodes (the
         engine's W x depth, or its tree_nodes cap)."""
         if tree_width < 1:
@@ -284,31 +284,6 @@ class EagleProposer(Proposer):
         return head.finish(h, torch.cat(outs))
 
 
-def observe_committed(proposer, scheduled, chunks, trees: dict[int, TokenTree], computed: dict[int, int],
-                      hidden: torch.Tensor) -> None:
-    """After a step: hand ``proposer.observe`` the features of the positions each sequence committed.
-
-    scheduled/chunks: the step's ScheduledSeq list and its SeqChunks (same order); computed: seq_id ->
-    num_computed before the step; hidden: [N, H] final-normed hidden states of the step's tokens.
-    A prefill chunk commits all its rows; a decode step commits the root and the accepted path,
-    found by walking the tree along the committed tokens (equal-token siblings share a path, so
-    their features are equal)."""
-    start = 0
-    for s, chunk in zip(scheduled, chunks):
-        seq, n0 = s.seq, computed[s.seq.seq_id]
-        n1 = seq.num_computed
-        if not seq.is_finished and n1 > n0:
-            if s.is_decode:
-                tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
-                kids, rows = tree.child_lists(), [0]
-                for tok in seq.token_ids[n0 + 1: n1]:
-                    rows.append(next(c for c in kids[rows[-1]] if tree.tokens[c] == tok))
-            else:
-                rows = list(range(n1 - n0))
-            proposer.observe(seq.seq_id, n0, hidden[start + torch.tensor(rows)])
-        start += len(chunk.token_ids)
-
-
 def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1) -> EagleProposer:
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
@@ -318,7 +293,7 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     if head_path is None:
         if model not in DEFAULT_HEADS:
             raise ValueError(f"--draft default: no EAGLE head is committed for model {model!r} (only for "
-                             f"{sorted(DEFAULT_HEADS)}); train one with `python -m actors.eagle.train --model "
+                             f"{sorted(DEFAULT_HEADS)}); train one with `python -m training.train --model "
                              f"{model} --out DIR` and pass --draft eagle:DIR/head.safetensors")
         head_path = str(DEFAULT_HEADS[model])
     if not isinstance(verifier, Verifier) or verifier.model.tp.size != 1:

@@ -1,0 +1,1 @@
+"""Proposers: every way specray guesses tokens ahead (base.py declares the interface)."""

@@ -44,6 +44,6 @@ def _build_method(spec: SpeculativeConfig, engine, draft_loaded=None) -> Propose
         if spec.eagle_head is None and committed is not None and not committed.exists():
             raise ValueError(f"--draft default: the EAGLE head for {engine.config.model!r} is not trained and "
                              f"committed yet ({committed} is missing); use --draft ngram, or train one with "
-                             f"`python -m actors.eagle.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
+                             f"`python -m training.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
         return build_eagle_proposer(spec.eagle_head, engine.config.model, engine.verifier, spec.tree_width)
     raise ValueError(f"speculative method {spec.method!r} has no proposer")

@@ -5,8 +5,8 @@
 
 The target answers a stratified sample of the prompt set once (greedily, or sampled at
 ``--temperature``; cached under ``--work``, the same response/feature format as
-``actors.eagle.train``); each head is then scored teacher-forced on those answers with the
-training recipe's own evaluation (``actors.eagle.fit.evaluate``): top-1 agreement with the target
+``training.train``); each head is then scored teacher-forced on those answers with the
+training recipe's own evaluation (``training.fit.evaluate``): top-1 agreement with the target
 per draft depth, the acceptance of each position of a greedy chain, and of a chain sampled from
 the head at T (speculative sampling, sum of min(p, q) per depth), per category. This is the head's
 offline quality on benchmark-like text; the engine's acceptance on the same answers matches it
@@ -33,7 +33,7 @@ def answer_prompts(model: str, prompts: list[dict], work: Path, max_tokens: int,
                    concurrency: int = 16, temperature: float = 0.0) -> None:
     """The target's answers (bf16 engine, no speculation; greedy, or sampled at ``temperature``
     with top-p 1) and their features, under ``work``."""
-    from actors.eagle.data import GREEDY, SampledShare, extract_features, generate_responses
+    from training.data import GREEDY, SampledShare, extract_features, generate_responses
     from actors.model.loader import load_model
     from cluster.config import EngineConfig
     from cluster.engine import LLMEngine
@@ -52,7 +52,7 @@ def examples_by_category(work: Path, *labelings: list[str]) -> dict[str, list]:
     """The cached conversations grouped by a label of their prompt (shard order = feature order),
     read once: each labeling (one label per prompt index: category, language, ...) adds its groups,
     sorted by label, after the previous labeling's."""
-    from actors.eagle.data import load_examples
+    from training.data import load_examples
 
     indices = [json.loads(line)["index"] for f in sorted((work / "responses").glob("shard-*.jsonl"))
                for line in f.read_text().splitlines() if line]
@@ -79,7 +79,7 @@ def language_of(messages: list[dict]) -> str:
 def score(head, examples: list, temperature: float = 1.0) -> dict:
     """Top-1 per depth, greedy-chain acceptance per position and mean accepted length at K=DEPTH;
     the same for a chain sampled at ``temperature`` (speculative-sampling acceptance)."""
-    from actors.eagle.fit import evaluate
+    from training.fit import evaluate
 
     e = evaluate(head, examples, DEPTH, torch.device("cpu"), 4096, temperature)
     return {"top1": [round(a, 3) for a in e.top1], "chain": [round(a, 3) for a in e.chain],

@@ -215,7 +215,7 @@ def test_unseeded_sampling_drafts_chains_with_distinct_first_siblings(tree_width
 def _path_logp(head, model, ids: list[int], path: list[int]) -> dict[int, float]:
     """Reference: the head run once, causally, over the true features of ``ids`` (the committed
     tokens) and then its own predicted features along ``path``; token -> log-probability after it."""
-    from actors.eagle.data import target_features
+    from training.data import target_features
 
     feats = target_features(model, [ids], torch.device("cpu"))[0][0].to(head.fc.weight.dtype)  # [n, H]
     toks, f_in = list(ids[1:]), [feats[i] for i in range(len(ids) - 1)]

@@ -11,11 +11,11 @@ import torch
 from scipy.stats import chisquare
 
 from actors.eagle.head import DEFAULT_HEADS, EagleHead, HeadConfig, load_head
-from actors.eagle.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix, vocabulary_words
 from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.engine import LLMEngine
 from tests.tiny import random_eagle_head as random_head
+from training.prompt_mix import BENCHMARK_TOPICS, build_prompt_mix, vocabulary_words
 
 PROMPTS_FILE = Path(__file__).parent.parent / "benchmarks" / "prompts" / "chat20.jsonl"
 MAX_TOKENS = 32
@@ -201,7 +201,7 @@ def test_preemption_chunked_prefill_and_prefix_hits_stay_lossless(tiny_target_di
 def _teacher_forced_first_drafts(head: EagleHead, model, ids: list[int]) -> list[int]:
     """The head's depth-1 prediction at every origin t of ``ids`` from the target's true features:
     entry (x_{t+1}, f_t) -> the token after position t + 1 (what training and evaluation score)."""
-    from actors.eagle.data import target_features
+    from training.data import target_features
 
     feats = target_features(model, [ids], torch.device("cpu"))[0][0].to(head.fc.weight.dtype)  # [n, H]
     n = len(ids)
@@ -323,7 +323,7 @@ def test_korean_share_of_the_mix_and_the_english_mix_unchanged():
 
 
 def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_dir):
-    from actors.eagle.fit import with_vocab
+    from training.fit import with_vocab
     from actors.model.loader import load_model
 
     target = load_model(tiny_target_dir).model
@@ -349,7 +349,7 @@ def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_d
                                        (["--sample-temperature", "0"], "temperature 0.0"),
                                        (["--sample-top-p", "1.2"], "top_p 1.2")])
 def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
-    from actors.eagle.train import main
+    from training.train import main
 
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "run"), *argv])
@@ -358,7 +358,7 @@ def test_training_flags_name_the_bad_value(argv, bad, tmp_path, capsys):
 
 @pytest.mark.model
 def test_tiny_training_run_writes_a_loadable_head(default_model, tmp_path):
-    from actors.eagle.train import main
+    from training.train import main
 
     out = tmp_path / "run"
     assert main(["--out", str(out), "--minutes", "4", "--num-prompts", "3", "--max-tokens", "6",

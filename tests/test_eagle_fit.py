@@ -1,10 +1,10 @@
-"""actors.eagle.fit: the held-out figure for sampled drafts is speculative sampling's own acceptance."""
+"""training.fit: the held-out figure for sampled drafts is speculative sampling's own acceptance."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from actors.eagle.fit import sampled_acceptance
+from training.fit import sampled_acceptance
 
 
 def test_sampled_acceptance_by_hand():

@@ -1,4 +1,4 @@
-"""The recipe's transformers backend (actors/eagle/hf_data.py) against our own engine and forward."""
+"""The recipe's transformers backend (training/hf_data.py) against our own engine and forward."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from actors.sampling_params import SamplingParams
 
 @pytest.fixture(scope="module")
 def hf_tiny(tiny_target_dir):
-    from actors.eagle.hf_data import load_hf_model
+    from training.hf_data import load_hf_model
 
     return load_hf_model(tiny_target_dir, torch.device("cpu"), torch.float32)
 
@@ -20,8 +20,8 @@ def hf_tiny(tiny_target_dir):
 def test_features_equal_our_forward(hf_tiny, tiny_target_dir, tiny_prompts):
     """Same final-normed hidden states and greedy next tokens as the engine's own forward, for a
     padded batch of conversations of different lengths."""
-    from actors.eagle.data import target_features
-    from actors.eagle.hf_data import hf_target_features
+    from training.data import target_features
+    from training.hf_data import hf_target_features
     from actors.model.loader import load_model
 
     ours = load_model(tiny_target_dir).model
@@ -36,7 +36,7 @@ def test_features_equal_our_forward(hf_tiny, tiny_target_dir, tiny_prompts):
 
 def test_greedy_answers_equal_the_engine(hf_tiny, tiny_target_dir, tiny_prompts):
     """Left-padded batched generate = the engine's greedy answers, cut after the first EOS."""
-    from actors.eagle.hf_data import hf_generate
+    from training.hf_data import hf_generate
     from tests.tiny import tiny_engine
 
     eng = tiny_engine(tiny_target_dir)
@@ -58,8 +58,8 @@ class _Encoder:
 
 
 def test_responses_are_shards_of_the_engine_format_and_resume(hf_tiny, tiny_prompts, tmp_path):
-    from actors.eagle.data import _done_indices
-    from actors.eagle.hf_data import hf_generate_responses
+    from training.data import _done_indices
+    from training.hf_data import hf_generate_responses
 
     prompts = tiny_prompts[:7]
     assert hf_generate_responses(hf_tiny, _Encoder(), prompts[:5], tmp_path, float("inf"), torch.device("cpu"),
@@ -78,13 +78,13 @@ def test_responses_are_shards_of_the_engine_format_and_resume(hf_tiny, tiny_prom
 
 
 def test_a_past_deadline_answers_nothing(hf_tiny, tiny_prompts, tmp_path):
-    from actors.eagle.hf_data import hf_generate_responses
+    from training.hf_data import hf_generate_responses
 
     assert hf_generate_responses(hf_tiny, _Encoder(), tiny_prompts, tmp_path, 0.0, torch.device("cpu")) == 0
 
 
 def test_step_cap_takes_the_first_of_steps_and_epochs():
-    from actors.eagle.fit import step_cap
+    from training.fit import step_cap
 
     assert step_cap(None, None, 50) is None
     assert step_cap(30, None, 50) == 30
@@ -97,8 +97,8 @@ def test_step_cap_takes_the_first_of_steps_and_epochs():
 def test_the_recipe_runs_its_data_stages_through_transformers(default_model, tmp_path):
     """``--backend hf`` end to end on the default model: chat prompts of the mix, answers, features
     in the engine backend's files, which the train stage reads."""
-    from actors.eagle.data import load_examples
-    from actors.eagle.train import main
+    from training.data import load_examples
+    from training.train import main
 
     out = tmp_path / "run"
     assert main(["--out", str(out), "--backend", "hf", "--stages", "gen,features", "--minutes", "3",

@@ -16,7 +16,7 @@ def _write_answers(work, rows):
 
 @torch.inference_mode()
 def test_examples_follow_their_prompt_index_not_the_finish_order(tiny_target_dir, tmp_path):
-    from actors.eagle.data import extract_features
+    from training.data import extract_features
     from actors.model.loader import load_model
 
     model = load_model(tiny_target_dir).model
@@ -37,7 +37,7 @@ def test_examples_follow_their_prompt_index_not_the_finish_order(tiny_target_dir
 
 @torch.inference_mode()
 def test_score_is_the_recipes_chain_acceptance(tiny_target_dir, tmp_path):
-    from actors.eagle.data import extract_features
+    from training.data import extract_features
     from actors.eagle.head import load_head
     from actors.model.loader import load_model
     from tests.tiny import random_eagle_head

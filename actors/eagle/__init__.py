@@ -2,7 +2,8 @@
 own final hidden states (features) over a reduced vocabulary.
 
 - ``head``: the head module, its save/load format and the committed default head's path;
-- ``proposer``: the Proposer that feeds the head the target's features and drafts chains;
-- ``prompt_mix``, ``data``, ``train``: the reproducible self-distillation recipe
-  (``python -m actors.eagle.train --out DIR``).
+- ``proposer``: the Proposer that feeds the head the target's features and drafts chains.
+
+The self-distillation recipe that makes the heads lives outside the engine, in the top-level
+``training`` package (``python -m training.train --out DIR``).
 """

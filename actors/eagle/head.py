@@ -162,7 +162,7 @@ def load_head(path: str | Path, dtype: torch.dtype = torch.float32) -> EagleHead
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"EAGLE head {str(path)!r} does not exist; train one with "
-                         f"`python -m actors.eagle.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
+                         f"`python -m training.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != "specray-eagle-head":
@@ -183,4 +183,4 @@ def check_compatible(cfg: HeadConfig, model_config, head_name: str, target_name:
         raise ValueError(f"EAGLE head {head_name} was trained for a target with hidden size {cfg.hidden_size}, "
                          f"vocabulary {cfg.target_vocab_size} and head_dim {cfg.head_dim}, but {target_name} has "
                          f"hidden size {c.hidden_size}, vocabulary {c.vocab_size} and head_dim {c.head_dim}; "
-                         f"train a head for it with `python -m actors.eagle.train --model ... --out DIR`")
+                         f"train a head for it with `python -m training.train --model ... --out DIR`")

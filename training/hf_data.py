@@ -4,7 +4,7 @@ Our engine schedules and attends per sequence, so on CUDA it is bound by kernel 
 2026-11-25 on an H100: 23 tok/s at concurrency 1 and ~850 tok/s at 512, slower than the 2-core
 CPU). transformers' ``generate`` and forward run a whole padded batch in the same few hundred
 launches per step, so the training data comes thousands of answers at a time. Both stages write
-the formats of actors/eagle/data.py (``responses/shard-*.jsonl``, ``features/*.pt``), so the train
+the formats of training/data.py (``responses/shard-*.jsonl``, ``features/*.pt``), so the train
 stage cannot tell the backends apart; prompts are encoded with the engine's own chat template.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from actors.eagle.data import SAMPLED, SampledShare, _atomic_write, _done_indices, extract_features, per_conversation
+from training.data import SAMPLED, SampledShare, _atomic_write, _done_indices, extract_features, per_conversation
 
 log = logging.getLogger("specray.eagle.hf_data")
 
@@ -49,7 +49,7 @@ def _answer(row: list[int], eos: list[int]) -> list[int]:
 def hf_generate(model, prompts: list[list[int]], eos: list[int], max_tokens: int, sampled: SampledShare | None,
                 device: torch.device) -> list[list[int]]:
     """Answers to token-id ``prompts`` in one left-padded ``generate`` call: greedy (``sampled``
-    None), or sampled at the share's temperature / top-p (actors/eagle/data.py)."""
+    None), or sampled at the share's temperature / top-p (training/data.py)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), eos[0], dtype=torch.int64)
     mask = torch.zeros_like(ids)
@@ -103,7 +103,7 @@ def hf_generate_responses(model, encoder, prompts: list, out_dir: Path, deadline
 @torch.inference_mode()
 def hf_target_features(model, convs: list[list[int]], device: torch.device, logit_rows: int = 16384
                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``actors.eagle.data.target_features`` through transformers: (final-normed hidden states
+    """``training.data.target_features`` through transformers: (final-normed hidden states
     [n, H] fp16, greedy next token [n] int64) per conversation, from one right-padded forward."""
     width = max(len(c) for c in convs)
     ids = torch.zeros(len(convs), width, dtype=torch.int64)

@@ -1,15 +1,15 @@
 """Train the EAGLE head for a target by self-distillation, within a wall-clock budget.
 
-    python -m actors.eagle.train --out /tmp/eagle/run [--model smollm2-135m] [--minutes 60] [--device cuda]
+    python -m training.train --out /tmp/eagle/run [--model smollm2-135m] [--minutes 60] [--device cuda]
 
 Stages (each cached under --out, so a re-run resumes after a crash):
-1. ``gen``: prompt mix (actors.eagle.prompt_mix) -> the target's answers via the engine
+1. ``gen``: prompt mix (training.prompt_mix) -> the target's answers via the engine
    (``--gen-dtype``, default bf16: 1.7x faster than fp32 on the 2-core CPU);
-   ``text``: offline conversations (actors.eagle.offline_text), no generation needed;
+   ``text``: offline conversations (training.offline_text), no generation needed;
 2. ``features``: teacher-forced target forward -> features f_t and greedy next tokens, the
    target's answers first (``--feature-dtype``, default bf16 on CPU: 2.4x faster; its rounding is
    far below the training noise on the features);
-3. ``train``: fit the head (actors.eagle.fit), save ``--out/head.safetensors``.
+3. ``train``: fit the head (training.fit), save ``--out/head.safetensors``.
 ``--minutes`` is the whole budget: generation stops at ``--gen-frac`` of it, features at
 ``--gen-frac + --feat-frac``, training uses the rest (at least a quarter of it).
 On a GPU: ``--device cuda --concurrency 256 --num-prompts 50000`` and a larger budget.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from actors.eagle.data import SAMPLED, SampledShare
+from training.data import SAMPLED, SampledShare
 
 log = logging.getLogger("specray.eagle.train")
 
@@ -44,7 +44,7 @@ def _data_dirs(value: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m actors.eagle.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="working directory (cached stages, log, head.safetensors)")
     p.add_argument("--model", default="smollm2-135m", help="target: alias, HF dir or .gguf")
     p.add_argument("--device", default="cpu")
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=8000,
                    help="size of the prompt mix (generation stops early at its budget)")
     p.add_argument("--korean-frac", type=float, default=0.0,
-                   help="share of the prompt mix written in Korean (actors/eagle/korean_mix.py)")
+                   help="share of the prompt mix written in Korean (training/korean_mix.py)")
     p.add_argument("--concurrency", type=int, default=48, help="answers generated at once")
     p.add_argument("--max-tokens", type=int, default=160, help="longest answer")
     p.add_argument("--sampled-frac", type=float, default=SAMPLED.frac,
@@ -116,14 +116,14 @@ def _share(args) -> SampledShare:
 
 
 def _prompt_mix(args, tokenizer) -> list:
-    from actors.eagle.prompt_mix import build_prompt_mix, vocabulary_words
+    from training.prompt_mix import build_prompt_mix, vocabulary_words
 
     return build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(tokenizer), korean_frac=args.korean_frac)
 
 
 def stage_generate(args, out: Path, deadline: float) -> None:
     if args.backend == "hf":
-        from actors.eagle.hf_data import hf_generate_responses, load_hf_model
+        from training.hf_data import hf_generate_responses, load_hf_model
         from actors.model.loader import load_tokenizer, resolve_model_dir
         from cluster.prompts import PromptEncoder
         from cluster.runtime import resolve_device_dtype
@@ -137,7 +137,7 @@ def stage_generate(args, out: Path, deadline: float) -> None:
                                   share=_share(args))
         log.info("stage 1 done: %d answers", n)
         return
-    from actors.eagle.data import generate_responses
+    from training.data import generate_responses
     from cluster.config import EngineConfig
     from cluster.engine import LLMEngine
 
@@ -151,8 +151,8 @@ def stage_generate(args, out: Path, deadline: float) -> None:
 
 
 def stage_text(args, out: Path) -> None:
-    from actors.eagle.data import write_offline_shards
-    from actors.eagle.offline_text import offline_conversations
+    from training.data import write_offline_shards
+    from training.offline_text import offline_conversations
     from actors.model.loader import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
@@ -161,13 +161,13 @@ def stage_text(args, out: Path) -> None:
 
 
 def stage_features(args, out: Path, device: torch.device, deadline: float) -> None:
-    from actors.eagle.data import extract_features
+    from training.data import extract_features
     from actors.model.loader import load_model
     from cluster.runtime import resolve_device_dtype
 
     _, dtype = resolve_device_dtype(args.device, args.feature_dtype)
     if args.backend == "hf":
-        from actors.eagle.hf_data import hf_extract_features, load_hf_model
+        from training.hf_data import hf_extract_features, load_hf_model
         from actors.model.loader import resolve_model_dir
 
         n = hf_extract_features(load_hf_model(resolve_model_dir(args.model), device, dtype), out, device, deadline)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if "features" in stages:
         stage_features(args, out, device, start + 60 * args.minutes * (args.gen_frac + args.feat_frac))
     if "train" in stages:
-        from actors.eagle.fit import fit_head
+        from training.fit import fit_head
 
         fit_head(args, out, device, deadline=start + 60 * args.minutes)
     log.info("whole run: %.1f min", (time.time() - start) / 60)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import random
-import sys
 import sysconfig
 import textwrap
 from pathlib import Path
@@ -95,8 +94,3 @@ def offline_conversations(max_items: int, seed: int = 0) -> list[list[dict]]:
             if len(out) >= max_items:
                 return out
     return out
-
-
-def python_version_tag() -> str:
-    """The corpus depends on the interpreter and installed packages: recorded with the head."""
-    return f"python {sys.version.split()[0]}"

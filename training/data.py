@@ -3,7 +3,7 @@
 1. ``generate_responses``: the target answers the prompt mix through the engine at high batch
    (greedy, and a ``SampledShare`` sampled), streaming finished answers into ``responses/shard-*.jsonl``.
    Re-running skips prompts already answered, so a crash loses at most one shard.
-   ``write_offline_shards`` adds offline conversations (actors/eagle/offline_text.py) as
+   ``write_offline_shards`` adds offline conversations (training/offline_text.py) as
    ``responses/text-*.jsonl`` in the same format, without generating anything.
 2. ``extract_features``: one teacher-forced target forward per conversation gives the features
    f_t (final-normed hidden states, the head's input and regression target) and the target's
@@ -194,7 +194,7 @@ def extract_features(model, out_dir: Path, device: torch.device, deadline: float
                      batch_tokens: int = 2048, features_fn=None) -> int:
     """Features for every response shard that has none yet, until ``deadline``; returns the number
     of feature shards. ``features_fn(model, convs, device)`` is ``target_features`` unless given
-    (actors/eagle/hf_data.py passes transformers' forward)."""
+    (training/hf_data.py passes transformers' forward)."""
     features_fn = features_fn or target_features
     feat_dir = out_dir / "features"
     feat_dir.mkdir(parents=True, exist_ok=True)

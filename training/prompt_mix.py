@@ -299,8 +299,8 @@ def build_prompt_mix(n: int, seed: int = 0, words: list[str] | None = None,
                      korean_frac: float = 0.0) -> list[list[dict]]:
     """``n`` distinct chat conversations (one user turn, sometimes a system turn), benchmark topics
     excluded; ``words`` (``vocabulary_words``) adds prompts on thousands of topics; ``korean_frac``:
-    the share written in Korean (``actors.eagle.korean_mix``; 0 gives the English mix unchanged)."""
-    from actors.eagle.korean_mix import korean_prompt, korean_system
+    the share written in Korean (``training.korean_mix``; 0 gives the English mix unchanged)."""
+    from training.korean_mix import korean_prompt, korean_system
 
     if not 0.0 <= korean_frac <= 1.0:
         raise ValueError(f"korean_frac={korean_frac}: must be within [0, 1]")

@@ -1,4 +1,4 @@
-"""Stage 3 of the recipe: fit the EAGLE head to the target's features (actors/eagle/train.py runs it).
+"""Stage 3 of the recipe: fit the EAGLE head to the target's features (training/train.py runs it).
 
 Loss per draft depth s (EAGLE): soft cross-entropy to the target's distribution over the draft
 vocabulary (computed from the stored features, f @ lm_rows.T) plus a smooth-L1 regression of the
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from actors.eagle.data import Example, load_examples
 from actors.eagle.head import EagleHead, HeadConfig, load_head
+from training.data import Example, load_examples
 
 log = logging.getLogger("specray.eagle.fit")
 

@@ -297,3 +297,18 @@ def test_tree_width_needs_an_eagle_head():
         SpeculativeConfig.from_draft_arg("default", 4, tree_width=1, tree_nodes=7)
     with pytest.raises(ValueError, match="tree_nodes"):
         SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=0)
+
+
+def test_draft_source_memo_holds_one_step_without_a_policy(tiny_target_dir, tiny_head, tiny_prompts):
+    """A fixed-depth EAGLE tree looks up each sequence's draft source every step (nodes per depth);
+    the planner's memo keeps only the current step's, so a long-lived server's does not grow."""
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=3, adaptive=False)
+    assert eng.spec_policy is None
+    sizes = []
+    for i, p in enumerate(tiny_prompts[:3]):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+        sizes.append(len(eng.drafting.sources))
+    assert max(sizes) > 0, "the tree's width was never looked up"
+    assert max(sizes) <= 3, "the draft-source memo outlived its step"

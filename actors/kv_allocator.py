@@ -9,10 +9,10 @@ Positions of a sequence (its block table covers exactly `num_tokens` positions):
     [0, num_committed)            final KV: the prefix-cache hit after `allocate`, then `commit`
     [num_committed, num_tokens)   being written: prompt tail during prefill, speculative slots
 
-A block lying wholly inside the committed prefix may be shared (prefix hits, `fork`); a block that
+A block lying wholly inside the committed prefix may be shared (prefix hits); a block that
 holds any position >= num_committed belongs to exactly one sequence, so a write never lands in a
 shared block. `truncate` never goes below num_committed, which keeps that true without copy-on-write
-after the fact; `fork` copies the parent's not-wholly-committed blocks eagerly.
+after the fact.
 
 Prefix cache: when a full block becomes committed it gets hash = block_hash(prev_hash, tokens) and
 is registered hash -> block id, storing its token ids, a unique `chain_id` and its parent's chain id.
@@ -244,29 +244,7 @@ class KVBlockAllocator:
             block = self._blocks[other_id]  # in-use duplicate: keep it, our copy stays uncached
         s.prev_chain_id = block.chain_id
 
-    # ---- fork / free ---------------------------------------------------------------------------
-    def can_fork(self, parent_id: int) -> bool:
-        return self._fork_copies(self._seq(parent_id)) <= len(self._free)
-
-    def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
-        """child_id shares parent_id's wholly committed blocks; the rest (the trailing partial
-        block, any speculative slots) is copied: returns (src_block, dst_block) pairs to copy."""
-        p = self._seq(parent_id)
-        if child_id in self._seqs:
-            raise ValueError(f"fork child seq_id {child_id!r} already has a block table")
-        need = self._fork_copies(p)
-        if need > len(self._free):
-            raise OutOfBlocksError(f"fork of seq {parent_id!r} needs {need} free blocks, "
-                                   f"{len(self._free)} free: ask can_fork first")
-        n_shared = len(p.blocks) - need
-        for bid in p.blocks[:n_shared]:
-            self._blocks[bid].ref_count += 1
-        copies = [(src, self._take_fresh()) for src in p.blocks[n_shared:]]
-        blocks = p.blocks[:n_shared] + [dst for _, dst in copies]
-        self._seqs[child_id] = _Seq(blocks, p.num_tokens, p.num_committed, p.prev_hash,
-                                    p.prev_chain_id)
-        return copies
-
+    # ---- free ----------------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
         """Drop seq_id's table (finish, abort, preempt, error); cached blocks stay reusable."""
         s = self._seqs.pop(seq_id, None)
@@ -328,9 +306,6 @@ class KVBlockAllocator:
     def _allocate_cost(self, total: int, hits: list[Block]) -> int:
         """Free blocks taken: fresh ones plus hit blocks that currently sit in the free list."""
         return self._blocks_for(total) - len(hits) + sum(b.ref_count == 0 for b in hits)
-
-    def _fork_copies(self, parent: _Seq) -> int:
-        return len(parent.blocks) - parent.num_committed // self.block_size
 
     def _lookup(self, token_ids: list[int]) -> tuple[list[Block], int | None, int]:
         """Longest verified cached prefix of whole blocks, never including the last token."""

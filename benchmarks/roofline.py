@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -57,6 +58,35 @@ def weight_bytes(model: str, dtype: torch.dtype) -> int:
     return sum(p.numel() for p in params) * torch.finfo(dtype).bits // 8
 
 
+@dataclass(frozen=True)
+class Roofline:
+    """The bound a weight-streaming decode step obeys: one pass over the weights per step."""
+    bandwidth_gbs: float  # GB/s (1e9 bytes) the weights stream at
+    weight_bytes: int
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.bandwidth_gbs * 1e9 / self.weight_bytes
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1e3 / self.steps_per_s
+
+    def tokens_per_s(self, tokens_per_step: float) -> float:
+        """The bound on tokens/s at ``tokens_per_step`` tokens emitted per verified step."""
+        return self.steps_per_s * tokens_per_step
+
+    def percent_of_bound(self, tpot_ms: float) -> float:
+        """How close a measured plain-decoding TPOT comes to the bound (100 = at the bound)."""
+        return 100 * self.ms_per_step / tpot_ms
+
+
+def roofline(bandwidth: dict[str, float], weight_bytes: int) -> Roofline:
+    """The bound from ``measure_bandwidth``'s figures: the faster of the two mat-vecs, which is what
+    a decode step does."""
+    return Roofline(max(bandwidth["matvec"], bandwidth["engine_matvec"]), weight_bytes)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -76,15 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     bw = measure_bandwidth(args.mbytes, args.reps)
     wb = weight_bytes(args.model, DTYPES[args.dtype])
-    steps = max(bw["matvec"], bw["engine_matvec"]) * 1e9 / wb
+    bound = roofline(bw, wb)
     print(f"threads {torch.get_num_threads()}: copy {bw['copy']:.1f} GB/s, sum {bw['sum']:.1f} GB/s, "
           f"mat-vec {bw['matvec']:.1f} GB/s (torch.mv), {bw['engine_matvec']:.1f} GB/s (kernels.cpu_linear)")
-    print(f"{args.model} weights in {args.dtype}: {wb / 1e6:.0f} MB -> roofline {steps:.1f} steps/s "
-          f"({1e3 / steps:.1f} ms per step)")
+    print(f"{args.model} weights in {args.dtype}: {wb / 1e6:.0f} MB -> roofline {bound.steps_per_s:.1f} steps/s "
+          f"({bound.ms_per_step:.1f} ms per step)")
     for k in per_step:
-        print(f"  {k:g} tokens per step: {steps * k:.1f} tokens/s")
+        print(f"  {k:g} tokens per step: {bound.tokens_per_s(k):.1f} tokens/s")
     if args.tpot_ms is not None:
-        print(f"measured TPOT {args.tpot_ms:.1f} ms = {100 * (1e3 / steps) / args.tpot_ms:.0f}% of the bandwidth bound")
+        print(f"measured TPOT {args.tpot_ms:.1f} ms = {bound.percent_of_bound(args.tpot_ms):.0f}% "
+              "of the bandwidth bound")
     return 0
 
 

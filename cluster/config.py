@@ -9,8 +9,8 @@ from actors.tree import expansion_num_nodes, parse_expansion
 
 DEFAULT_MODEL = "smollm2-135m"
 # EAGLE drafts grow a dynamic tree of this width, capped at this many nodes, unless told otherwise:
-# on the 2-core CPU as fast as a chain at concurrency 1 and 8-15% faster at 16-64 (BENCHMARKS.md,
-# eleventh session)
+# on the 2-core CPU as fast as a chain at concurrency 1 and 8-15% faster at 16-64
+# (benchmarks/ARCHIVE.md, eleventh session)
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
 
 

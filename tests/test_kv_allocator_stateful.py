@@ -1,5 +1,5 @@
 """A Hypothesis state machine that checks actors.kv_allocator against an independent model of
-block ownership (random allocate/append/truncate/commit/fork/free/preempt), also with a hash
+block ownership (random allocate/append/truncate/commit/free/preempt), also with a hash
 function that collides all the time."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _MAX_SEQS = 5  # keeps the pool from being full most of the time
 
 
 class AllocatorMachine(RuleBasedStateMachine):
-    """Random allocate/append/truncate/commit/fork/free/preempt. The model tracks each table,
+    """Random allocate/append/truncate/commit/free/preempt. The model tracks each table,
     the tokens whose KV each committed full block holds (`content`, the whole prefix through that
     block), and derives ref counts and free counts on its own."""
 
@@ -150,26 +150,6 @@ class AllocatorMachine(RuleBasedStateMachine):
         for i in range(self.ncommit[sid] // self.bs, n // self.bs):
             self.content[self.tables[sid][i]] = tuple(toks[:(i + 1) * self.bs])
         self.ncommit[sid] = n
-
-    @precondition(lambda self: 0 < len(self.tables) < _MAX_SEQS)
-    @rule(data=st.data())
-    def fork(self, data):
-        pid, cid = self._pick(data), self._new_id()
-        n_shared = self.ncommit[pid] // self.bs
-        expected = len(self.tables[pid]) - n_shared <= self._model_free()
-        assert self.a.can_fork(pid) == expected
-        if not expected:
-            with pytest.raises(OutOfBlocksError):
-                self.a.fork(pid, cid)
-            return
-        used, parent = self._used(), self.tables[pid]
-        copies = self.a.fork(pid, cid)
-        assert [src for src, _ in copies] == parent[n_shared:]
-        dsts = [dst for _, dst in copies]
-        self._check_fresh(dsts, used)
-        assert self.a.block_table(cid) == parent[:n_shared] + dsts
-        self.tables[cid], self.tokens[cid] = parent[:n_shared] + dsts, list(self.tokens[pid])
-        self.ntok[cid], self.ncommit[cid] = self.ntok[pid], self.ncommit[pid]
 
     @precondition(lambda self: self.tables)
     @rule(data=st.data())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -115,10 +116,117 @@ def test_alert_queries_known_metrics(rules, exported):
         _check_query(rule["expr"], exported)
 
 
-def _threshold(expr: str, op: str) -> float:
-    m = re.search(rf"\)\s*{re.escape(op)}\s*([0-9.]+)\s*$", expr.strip())
-    assert m, f"no trailing '{op} <number>' in {expr}"
-    return float(m.group(1))
+# ---- alert expressions, parsed ------------------------------------------------------------------
+# PromQL binary operators, lowest precedence first (all left-associative except `^`).
+_LEVELS = (("or",), ("and", "unless"), ("==", "!=", "<=", ">=", "<", ">"), ("+", "-"), ("*", "/", "%"), ("^",))
+_COMPARISONS = _LEVELS[2]
+_SYMBOLS = sorted((op for level in _LEVELS for op in level if not op.isalpha()), key=len, reverse=True)
+_IDENT = re.compile(r"[A-Za-z0-9_:]")
+_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_SELECTED = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{")  # a metric name with its label matchers
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str
+    lhs: "BinOp | str"
+    rhs: "BinOp | str"
+
+
+def _top_level_ops(expr: str) -> list[tuple[int, str]]:
+    """(position, operator) of each binary operator outside brackets and string literals."""
+    ops, depth, i, quote = [], 0, 0, None
+    while i < len(expr):
+        ch = expr[i]
+        if quote:
+            i += 2 if ch == "\\" else 1
+            quote = None if ch == quote else quote
+            continue
+        if ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            assert depth >= 0, f"unbalanced brackets at {i} in {expr!r}"
+        elif depth == 0:
+            word = re.match(r"[A-Za-z0-9_:]+", expr[i:]) if not (i and _IDENT.match(expr[i - 1])) else None
+            if word and word.group() in ("and", "or", "unless"):
+                ops.append((i, word.group()))
+                i += len(word.group())
+                continue
+            sym = next((op for op in _SYMBOLS if expr.startswith(op, i)), None)
+            if sym and _has_left_operand(expr[:i]):
+                ops.append((i, sym))
+                i += len(sym)
+                continue
+        i += 1
+    assert depth == 0 and quote is None, f"unbalanced brackets or quotes in {expr!r}"
+    return ops
+
+
+def _has_left_operand(before: str) -> bool:
+    """False for a unary sign (`-1`, `> -1`, `and -1`) and an exponent's sign (`1e-3`)."""
+    before = before.rstrip()
+    if not before or before[-1] in "=!<>+-*/%^":
+        return False
+    return not re.search(r"(^|[^A-Za-z0-9_:])([0-9.]+[eE]|and|or|unless)$", before)
+
+
+def _unwrap(expr: str) -> str:
+    """Drop parentheses around the whole expression."""
+    while expr.startswith("(") and expr.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(expr):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and i < len(expr) - 1:
+                return expr
+        expr = expr[1:-1].strip()
+    return expr
+
+
+def parse(expr: str) -> BinOp | str:
+    """An expression as a tree of its binary operators; anything without one stays text."""
+    expr = _unwrap(expr.strip())
+    ops = _top_level_ops(expr)
+    for level in _LEVELS:
+        hits = [(i, op) for i, op in ops if op in level]
+        if hits:
+            i, op = hits[0] if level == ("^",) else hits[-1]
+            return BinOp(op, parse(expr[:i]), parse(expr[i + len(op):]))
+    return expr
+
+
+def _comparison(node: BinOp | str) -> tuple[str, BinOp | str, float]:
+    """(operator, the compared expression, threshold) of `<expr> <cmp> <number>`."""
+    assert isinstance(node, BinOp) and node.op in _COMPARISONS, f"not a comparison: {node}"
+    assert isinstance(node.rhs, str) and _NUMBER.fullmatch(node.rhs), f"no numeric threshold: {node}"
+    return node.op, node.lhs, float(node.rhs)
+
+
+def _text(node: BinOp | str) -> str:
+    return node if isinstance(node, str) else f"{_text(node.lhs)} {node.op} {_text(node.rhs)}"
+
+
+def _metrics(node: BinOp | str) -> set[str]:
+    """Names of the metrics an expression selects (every alert's selectors carry label matchers)."""
+    return set(_SELECTED.findall(_text(node)))
+
+
+def test_the_expression_parser():
+    tree = parse('sum(rate(a{s=~"5..", x!="<"}[5m])) / sum(b) > 0.5 and c{j="k"} > 0')
+    assert tree.op == "and"
+    op, ratio, threshold = _comparison(tree.lhs)
+    assert (op, threshold) == (">", 0.5) and ratio.op == "/"
+    assert ratio.lhs == 'sum(rate(a{s=~"5..", x!="<"}[5m]))' and ratio.rhs == "sum(b)"
+    assert _comparison(tree.rhs) == (">", 'c{j="k"}', 0.0)
+    scaled = parse("q(x[15m]) > 1.5 * q(x[1d])")
+    assert scaled == BinOp(">", "q(x[15m])", BinOp("*", "1.5", "q(x[1d])"))
+    assert parse("(a - b) - c") == BinOp("-", BinOp("-", "a", "b"), "c")
+    assert parse("-1 + x") == BinOp("+", "-1", "x") and parse("x * -2") == BinOp("*", "x", "-2")
+    assert parse("x > 1e-3") == BinOp(">", "x", "1e-3") and parse("a_and_b or c") == BinOp("or", "a_and_b", "c")
+    assert parse("up == 0") == BinOp("==", "up", "0") and parse("(up)") == "up"
+    assert _metrics(tree) == {"a", "c"}
 
 
 def _acceptance_rules(rules: dict) -> list[dict]:
@@ -128,19 +236,58 @@ def _acceptance_rules(rules: dict) -> list[dict]:
 @pytest.mark.parametrize("severity,threshold,duration", [("warning", 0.5, "10m"), ("critical", 0.3, "5m")])
 def test_acceptance_rate_alerts(rules, severity, threshold, duration):
     (rule,) = [r for r in _acceptance_rules(rules) if r["labels"]["severity"] == severity]
-    num, _, den = rule["expr"].partition(")))\n")
+    op, ratio, value = _comparison(parse(rule["expr"]))
+    assert isinstance(ratio, BinOp) and ratio.op == "/", rule["expr"]
+    num, den = _text(ratio.lhs), _text(ratio.rhs)
     assert "spec_decode_num_accepted_tokens_total" in num and "spec_decode_num_draft_tokens_total" in den, rule["expr"]
-    assert den.lstrip().startswith("/ sum("), rule["expr"]
-    assert _threshold(rule["expr"], "<") == threshold
+    assert num.startswith("sum(") and den.startswith("sum("), rule["expr"]
+    assert (op, value) == ("<", threshold)
     assert rule["for"] == duration
 
 
 def test_tpot_regression_alert(rules):
     (rule,) = [r for r in rules.values() if "time_per_output_token_seconds_bucket" in r["expr"]]
-    recent, _, baseline = rule["expr"].partition("> 1.5 *")
-    assert baseline, rule["expr"]
+    tree = parse(rule["expr"])
+    assert isinstance(tree, BinOp) and tree.op == "and", rule["expr"]
+    regression = tree.lhs
+    assert isinstance(regression, BinOp) and regression.op == ">", rule["expr"]
+    recent, scaled = _text(regression.lhs), regression.rhs
+    assert isinstance(scaled, BinOp) and scaled.op == "*" and scaled.lhs == "1.5", rule["expr"]
+    baseline = _text(scaled.rhs)
     assert "histogram_quantile(0.95," in recent and "[15m]" in recent
-    assert "histogram_quantile(0.95," in baseline.split("and")[0] and "[1d]" in baseline.split("and")[0]
+    assert "histogram_quantile(0.95," in baseline and "[1d]" in baseline
+    op, traffic, value = _comparison(tree.rhs)  # only with enough finished requests for a p95
+    assert (op, value) == (">", 0.05) and "[15m]" in _text(traffic)
+    assert _metrics(traffic) == {"specray:time_per_output_token_seconds_count"}
+
+
+# Every alert: its comparison, threshold and the metrics it compares (the TPOT one: above).
+THRESHOLDS = {
+    "SpecrayLowAcceptanceRate": ("<", 0.5, {"specray:spec_decode_num_accepted_tokens_total",
+                                            "specray:spec_decode_num_draft_tokens_total"}),
+    "SpecrayAcceptanceRateCollapsed": ("<", 0.3, {"specray:spec_decode_num_accepted_tokens_total",
+                                                  "specray:spec_decode_num_draft_tokens_total"}),
+    "SpecrayMetricsDown": ("==", 0.0, {"up"}),
+    "SpecrayNoHealthyReplica": ("<", 1.0, {"ray_serve_deployment_replica_healthy"}),
+    "SpecrayHTTP5xxRate": (">", 0.05, {"specray:http_requests_total"}),
+    "SpecrayKVCacheSaturated": (">", 0.95, {"specray:kv_blocks_used", "specray:kv_blocks_total"}),
+}
+
+
+def test_every_alert_has_the_agreed_threshold(rules):
+    assert set(rules) == set(THRESHOLDS) | {"SpecrayTPOTRegression"}
+    for name, (op, threshold, metrics) in THRESHOLDS.items():
+        tree = parse(rules[name]["expr"])
+        condition = tree.lhs if isinstance(tree, BinOp) and tree.op == "and" else tree
+        got_op, compared, got = _comparison(condition)
+        assert (got_op, got, _metrics(compared)) == (op, threshold, metrics), name
+    # the KV alert fires only with requests waiting
+    kv = parse(rules["SpecrayKVCacheSaturated"]["expr"])
+    assert kv.op == "and" and _comparison(kv.rhs)[::2] == (">", 0.0)
+    assert _metrics(kv.rhs) == {"specray:num_requests_waiting"}
+    # the 5xx rate is 5xx answers over all answers
+    ratio = _comparison(parse(rules["SpecrayHTTP5xxRate"]["expr"]))[1]
+    assert ratio.op == "/" and 'status=~"5.."' in _text(ratio.lhs) and "status" not in _text(ratio.rhs)
 
 
 def test_availability_alerts(rules):

@@ -39,10 +39,6 @@ class ForwardBatch:
     def num_seqs(self) -> int:
         return int(self.kv_lens.shape[0])
 
-    def query_lens(self) -> list[int]:
-        qsl = self.query_start_loc.tolist()
-        return [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
-
     @staticmethod
     def make_dummy(num_tokens: int = 4, block_size: int = 16, device: str | torch.device = "cpu") -> "ForwardBatch":
         """One sequence prefilling ``num_tokens`` tokens from position 0 in block 0.. (warm-up, tests)."""

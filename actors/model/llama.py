@@ -128,11 +128,6 @@ class LlamaForCausalLM(nn.Module):
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.num_kv_heads_per_rank, self.config.head_dim)
 
-    def kv_cache_bytes_per_block(self, block_size: int) -> int:
-        """Bytes of K and V of one block over all layers on this rank."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * len(self.layers) * block_size * self.num_kv_heads_per_rank * self.config.head_dim * elem
-
     def allocate_kv_cache(self, num_blocks: int, block_size: int, device: Any = None) -> list[KVCache]:
         device = device if device is not None else self.embed_tokens.weight.device
         return allocate_kv_cache(len(self.layers), num_blocks, block_size, self.num_kv_heads_per_rank,

@@ -20,7 +20,7 @@ from cluster.tokenizer_check import check_draft_tokenizer, check_tokenizers_comp
 
 
 # --draft default drafts by lookup where a suffix of this many tokens recurs, by the head elsewhere.
-# 24 bench500 prompts, c=1, adaptive (BENCHMARKS.md): 2 -> 28.03 tok/s, 1 -> 28.10 (equal within
+# 24 bench500 prompts, c=1, adaptive (benchmarks/ARCHIVE.md): 2 -> 28.03 tok/s, 1 -> 28.10 (equal within
 # noise); 2 leaves the head the positions where a single repeated token predicts little
 LOOKUP_FIRST_MIN_MATCH = 2
 

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve}
         return commands[args.command](args)
     except ValidationError as e:
-        from cluster.config import format_validation_error
+        from cluster.validation import format_validation_error
 
         print(f"specray: error: {format_validation_error(e)}", file=sys.stderr)
     except (BadInput, ValueError) as e:

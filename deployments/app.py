@@ -31,14 +31,14 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.async_engine import AsyncLLMEngine
-from cluster.config import format_validation_error
+from cluster.validation import REQUEST, first_field, format_validation_error
 from deployments.admission import Admission
 from deployments.grpc_ingress import GrpcGenerationMixin
 from deployments.http_guard import BodyTooLarge, GuardSettings, RequestGuard
 from deployments.http_metrics import HTTPCountMiddleware
 from deployments.http_metrics import bind as bind_http_metrics
 from deployments.metrics_hub import ReplicaMetricsPublisher
-from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_message
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from deployments.openai_server import EventStream, OpenAIServer
 from deployments.serve_config import ServeArgs
 
@@ -72,9 +72,8 @@ async def _validation_error(_: Request, e: RequestValidationError):
     if any(err.get("type") == "json_invalid" for err in errors):
         detail = errors[0].get("ctx", {}).get("error", "")
         return _error_response(400, f"malformed JSON body: {detail}".rstrip(": "), code="invalid_json")
-    first = errors[0] if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    return _error_response(422, validation_message(errors), param=loc[0] if loc else None, code=first.get("type"))
+    code = errors[0].get("type") if errors else None
+    return _error_response(422, format_validation_error(errors, REQUEST), param=first_field(errors), code=code)
 
 
 @app.exception_handler(StarletteHTTPException)

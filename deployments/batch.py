@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         _print(f"batch: loading {config.model} (speculation: {config.speculative.method})")
         engine = LLMEngine(config)
     except ValidationError as e:
-        from cluster.config import format_validation_error
+        from cluster.validation import format_validation_error
 
         print(f"batch: error: {format_validation_error(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT

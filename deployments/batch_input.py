@@ -20,7 +20,8 @@ from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt,
                       field_validator)
 
 from actors.sampling_params import SamplingParams
-from deployments.openai_api import ChatMessage, validation_message
+from cluster.validation import REQUEST, format_validation_error
+from deployments.openai_api import ChatMessage
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "spec_tokens", "ignore_eos")
 
@@ -148,7 +149,7 @@ class LineReader:
         try:
             line = BatchLine.model_validate(obj)
         except ValidationError as e:
-            return LineError(n, id_, validation_message(e))
+            return LineError(n, id_, format_validation_error(e, REQUEST))
         if (line.prompt is None) == (line.messages is None):
             return LineError(n, line.id, "give exactly one of 'prompt' (text) or 'messages' (chat), "
                                          f"got {'both' if line.prompt is not None else 'neither'}")
@@ -159,7 +160,7 @@ class LineReader:
         try:
             params = SamplingParams(**fields)
         except ValidationError as e:
-            return LineError(n, line.id, validation_message(e))
+            return LineError(n, line.id, format_validation_error(e, REQUEST))
         prompt = line.prompt if line.prompt is not None else [{"role": m.role, "content": m.content}
                                                                     for m in line.messages]
         return BatchRequest(n, line.id, prompt, params)

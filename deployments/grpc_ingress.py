@@ -17,7 +17,8 @@ import grpc
 from pydantic import ValidationError
 
 from deployments.http_guard import bearer_matches
-from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from cluster.validation import REQUEST, first_field, format_validation_error
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:
@@ -66,8 +67,7 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
             return ChatCompletionRequest(messages=messages, **fields), True
         return CompletionRequest(prompt=msg.prompt, **fields), False
     except ValidationError as e:
-        first = e.errors()[0]
-        raise APIError(400, validation_message(e), param=str(first["loc"][0]) if first["loc"] else None) from None
+        raise APIError(400, format_validation_error(e, REQUEST), param=first_field(e)) from None
 
 
 def _choice_text(choice: dict, chat: bool) -> str:

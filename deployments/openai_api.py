@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from cluster.outputs import RequestOutput
+from cluster.validation import REQUEST, first_field, format_validation_error
 
 
 MAX_N = 16  # choices per request
@@ -113,9 +114,7 @@ class _SamplingRequest(BaseModel):
         try:
             return SamplingParams(**fields)
         except ValidationError as e:
-            first = e.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else None
-            raise APIError(400, validation_message(e), param=field) from None
+            raise APIError(400, format_validation_error(e, REQUEST), param=first_field(e)) from None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -172,16 +171,6 @@ class ChatCompletionRequest(_SamplingRequest):
         if not self.messages:
             raise APIError(400, "messages is empty: give at least one message", param="messages")
         return [{"role": m.role, "content": m.content} for m in self.messages]
-
-
-def validation_message(err: ValidationError | list[dict]) -> str:
-    """One line naming each bad field, its value and the rule it broke."""
-    parts = []
-    for e in (err.errors() if isinstance(err, ValidationError) else err):
-        loc = ".".join(str(x) for x in e["loc"] if x != "body") or "body"
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}={e['input']!r}: {msg}" if "input" in e and e["type"] != "missing" else f"{loc}: {msg}")
-    return "; ".join(parts)
 
 
 # ---- responses -----------------------------------------------------------------------------

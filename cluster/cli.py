@@ -96,13 +96,20 @@ def engine_config_from_args(args):
     )
 
 
-def sampling_params_from_args(args, **override):
-    from actors.sampling_params import SamplingParams
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "stop")  # --max-tokens: the default of each prompt
 
-    fields = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                  max_tokens=args.max_tokens, stop=args.stop or ())
-    fields.update(override)
-    return SamplingParams(**fields)
+
+def engine_requests(args, items: list[dict]):
+    """One engine request per prompt item (``prompt`` or ``messages``, optional ``max_tokens``), the
+    sampling flags applying to all; RequestError (a ValueError) names the first bad value."""
+    from cluster.request import engine_request
+
+    flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    out = []
+    for it in items:
+        prompt = {"messages": it["messages"]} if it.get("messages") else {"prompt": it.get("prompt")}
+        out.append(engine_request({**flags, **prompt, "max_tokens": it.get("max_tokens")}, args.max_tokens))
+    return out
 
 
 def read_prompts_file(path: str) -> list[dict]:
@@ -136,9 +143,8 @@ def cmd_generate(args) -> int:
         raise BadInput("no prompts: pass prompt texts or --prompts-file FILE.jsonl")
     if args.concurrency is not None and args.concurrency < 1:
         raise BadInput(f"--concurrency {args.concurrency}: must be at least 1")
-    params = [sampling_params_from_args(args, **({"max_tokens": it["max_tokens"]} if "max_tokens" in it else {}))
-              for it in items]
-    prompts = [it.get("messages") or it["prompt"] for it in items]
+    requests = engine_requests(args, items)
+    prompts, params = [r.prompt for r in requests], [r.params for r in requests]
 
     outs = _generate_ray(args, engine_cfg, prompts, params) if args.ray else \
         _generate_local(args, engine_cfg, prompts, params)

@@ -17,7 +17,7 @@ import grpc
 from pydantic import ValidationError
 
 from deployments.http_guard import bearer_matches
-from cluster.validation import REQUEST, first_field, format_validation_error
+from cluster.request import RequestError, chat_messages
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 from deployments.protos import specray_pb2 as pb
 
@@ -63,11 +63,11 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
         if msg.messages:
-            messages = [{"role": m.role, "content": m.content} for m in msg.messages]
-            return ChatCompletionRequest(messages=messages, **fields), True
+            return ChatCompletionRequest(messages=chat_messages(list(msg.messages)), **fields), True
         return CompletionRequest(prompt=msg.prompt, **fields), False
     except ValidationError as e:
-        raise APIError(400, format_validation_error(e, REQUEST), param=first_field(e)) from None
+        err = RequestError.from_validation(e)
+        raise APIError(400, str(err), param=err.field) from None
 
 
 def _choice_text(choice: dict, chat: bool) -> str:

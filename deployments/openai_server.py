@@ -18,7 +18,7 @@ from contextlib import aclosing
 from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
-from deployments.openai_api import (APIError, _SamplingRequest, choice_body, completion_response, error_body,
+from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
                                     finish_reason_of, models_response, new_id, stream_chunk, usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
@@ -65,14 +65,13 @@ class OpenAIServer:
             retry = self.admission.retry_after_s
             raise APIError(503, f"{reason}; retry after {retry}s", code="service_unavailable", retry_after_s=retry)
 
-    async def handle(self, req: _SamplingRequest, chat: bool):
+    async def handle(self, req: SamplingRequest, chat: bool):
         """A dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
         self.check_available()
         if req.model is not None and req.model != self.model_name:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        prompt = req.engine_prompt()
-        params = req.sampling_params(self.max_model_len)
+        prompt, params = req.to_engine(self.max_model_len)
         ticket = await self.admission.admit(len(params))
         rid = new_id("chatcmpl" if chat else "cmpl")
         try:
@@ -98,7 +97,7 @@ class OpenAIServer:
             return None
         return self.logprobs.chat(entries) if chat else self.logprobs.completion(entries)[0]
 
-    async def _events(self, choices: ChoiceStreams, rid: str, req: _SamplingRequest, chat: bool) -> AsyncIterator[str]:
+    async def _events(self, choices: ChoiceStreams, rid: str, req: SamplingRequest, chat: bool) -> AsyncIterator[str]:
         chunk = dict(rid=rid, model=self.model_name, chat=chat, created=int(time.time()))
         finals = list(choices.firsts)
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks

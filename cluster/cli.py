@@ -112,33 +112,13 @@ def engine_requests(args, items: list[dict]):
     return out
 
 
-def read_prompts_file(path: str) -> list[dict]:
-    """Lines with `prompt` (str) or `messages` (chat), optional `max_tokens`."""
-    items = []
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise BadInput(f"--prompts-file {path!r}: {e.strerror}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
-            raise BadInput(f"{path}:{n}: each line needs a 'prompt' or a 'messages' field")
-        items.append(obj)
-    if not items:
-        raise BadInput(f"--prompts-file {path!r} holds no prompts")
-    return items
-
-
 def cmd_generate(args) -> int:
     engine_cfg = engine_config_from_args(args)
     items = [{"prompt": p} for p in args.prompts]
     if args.prompts_file:
-        items += read_prompts_file(args.prompts_file)
+        from cluster.prompt_file import read_prompt_file
+
+        items += [line.fields for line in read_prompt_file(args.prompts_file, "--prompts-file")]
     if not items:
         raise BadInput("no prompts: pass prompt texts or --prompts-file FILE.jsonl")
     if args.concurrency is not None and args.concurrency < 1:

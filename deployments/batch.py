@@ -30,7 +30,8 @@ from pydantic import ValidationError
 
 from cluster.cli import EXIT_BAD_INPUT, BadInput, _add_engine_args, engine_config_from_args
 from cluster.outputs import RequestOutput
-from deployments.batch_input import BatchRequest, LineError, LineReader, count_lines
+from cluster.prompt_file import count_lines
+from deployments.batch_input import BatchRequest, LineError, LineReader
 from deployments.batch_output import ExistingResults, OrderedWriter, error_record, read_existing, result_record
 
 Log = Callable[[str], None]

@@ -21,6 +21,7 @@ from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt,
                       field_validator)
 
 from actors.sampling_params import SamplingParams
+from cluster.prompt_file import json_lines
 from cluster.request import RequestError, engine_request, is_chat
 from deployments.openai_api import ChatMessage
 
@@ -96,18 +97,6 @@ def valid_id(obj) -> str | int | None:
     return v if is_valid_id(v) else None
 
 
-def nonblank_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number from 1, raw line) for every line with content; blank lines are not requests."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if raw.strip():
-                yield n, raw
-
-
-def count_lines(path: Path) -> int:
-    return sum(1 for _ in nonblank_lines(path))
-
-
 class LineReader:
     """Turns input lines into requests or errors, skipping those whose results are already written.
 
@@ -119,15 +108,8 @@ class LineReader:
         self.num_skipped = 0
 
     def __iter__(self) -> Iterator[BatchRequest | LineError]:
-        for n, raw in nonblank_lines(self.path):
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError as e:
-                obj, err = None, f"line is not valid UTF-8 ({e.reason} at byte {e.start})"
-            except json.JSONDecodeError as e:
-                obj, err = None, f"line is not valid JSON: {e.msg} at column {e.colno}"
-            else:
-                err = None
+        for line in json_lines(self.path):
+            n, obj, err = line.number, line.value, line.error
             id_ = valid_id(obj)
             key = resume_key(id_, n)
             if self.done[key] > 0:

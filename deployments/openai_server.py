@@ -37,7 +37,7 @@ class OpenAIServer:
         draining: whether the host (Serve) has begun shutting this replica down."""
         self.aeng, self.model_name, self.max_model_len = aeng, model_name, max_model_len
         self.admission, self.api_key, self._host_draining = admission, api_key, draining
-        self.logprobs = LogprobFormatter(aeng.engine.tokenizer)
+        self.logprobs = LogprobFormatter(aeng.tokenizer)
         self.created = int(time.time())
         self._draining = False
 
@@ -50,7 +50,13 @@ class OpenAIServer:
 
     @property
     def engine_alive(self) -> bool:
-        return not self.aeng._stopped and self.aeng._thread.is_alive()
+        return self.aeng.is_running
+
+    def stats(self) -> dict:
+        """The engine's unfinished requests and KV blocks, and admission (sequences running,
+        requests waiting)."""
+        return {**self.aeng.stats(), "admission_running": self.admission.running,
+                "admission_waiting": self.admission.num_waiting}
 
     def unavailable_reason(self) -> str | None:
         """Why this replica takes no new requests (engine loop dead, draining), None when it does."""

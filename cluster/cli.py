@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import sys
 
@@ -14,7 +16,9 @@ class BadInput(Exception):
     pass
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's flags (model, draft, speculation shape, batch and KV sizes, device): every command
+    that builds an engine takes them (generate, serve, the batch job)."""
     from cluster.config import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF dir or .gguf file")
@@ -59,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for prompts (one continuous batch)")
     g.add_argument("prompts", nargs="*", help="prompt texts")
-    _add_engine_args(g)
+    add_engine_args(g)
     _add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--prompts-file", default=None, help="JSONL with `prompt` or `messages`, optional `max_tokens`")
@@ -69,15 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel verifier shards (with --ray)")
     g.add_argument("--drafters", type=int, default=0, help="drafter worker actors (with --ray)")
     g.add_argument("--allow-no-spec", action="store_true", help="serve without speculation if the drafter fails to load")
-    from benchmarks.runner import add_bench_parser
-    from benchmarks.tune import add_tune_parser
-
-    add_bench_parser(sub)
-    add_tune_parser(sub)
+    g.set_defaults(func=cmd_generate)
+    _add_plugin_commands(sub)
     from cluster.serve_cli import add_serve_parser
 
     add_serve_parser(sub)
     return parser
+
+
+# Packages beside the serving code that add subcommands with ``register(subparsers)`` when installed.
+PLUGIN_COMMANDS = ("benchmarks.cli",)  # specray bench, specray tune
+
+
+def _add_plugin_commands(sub) -> None:
+    for name in PLUGIN_COMMANDS:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its package is not installed
+            found = False
+        if found:
+            importlib.import_module(name).register(sub)
 
 
 def engine_config_from_args(args):
@@ -179,12 +194,7 @@ def _generate_ray(args, engine_cfg, prompts, params):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from benchmarks.runner import cmd_bench
-        from benchmarks.tune import cmd_tune
-        from cluster.serve_cli import cmd_serve
-
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve}
-        return commands[args.command](args)
+        return args.func(args)
     except ValidationError as e:
         from cluster.validation import format_validation_error
 

@@ -123,22 +123,24 @@ class GrpcGenerationMixin:
     async def Generate(self, request: pb.GenerateRequest,
                        grpc_context: RayServegRPCContext | None = None) -> pb.GenerateResponse:
         with _grpc_status(grpc_context):
-            self._check_grpc_auth(grpc_context)
-            req, chat = to_openai_request(request, stream=False)
-            gen = await self.server.start(req, chat)
+            gen = await self._start(request, grpc_context, stream=False)
             outs, _ = await gen.finish()
             return to_response(gen.rid, self.server.model_name, outs)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              grpc_context: RayServegRPCContext | None = None) -> AsyncIterator[pb.GenerateChunk]:
         with _grpc_status(grpc_context):
-            self._check_grpc_auth(grpc_context)
-            req, chat = to_openai_request(request, stream=True)
-            gen = await self.server.start(req, chat)
+            gen = await self._start(request, grpc_context, stream=True)
             # aclosing: a client that goes away aborts the engine request (frees its KV) at once
             async with contextlib.aclosing(gen):
                 async for chunk in to_chunks(gen, self.server.model_name):
                     yield chunk
+
+    async def _start(self, request: pb.GenerateRequest, grpc_context: RayServegRPCContext | None,
+                     stream: bool) -> Generation:
+        self._check_grpc_auth(grpc_context)
+        req, chat = to_openai_request(request, stream=stream)
+        return await self.server.start(req, chat)
 
     def _check_grpc_auth(self, grpc_context: RayServegRPCContext | None) -> None:
         """With an API key configured, the ``authorization: Bearer <key>`` metadata must match it."""

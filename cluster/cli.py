@@ -114,26 +114,27 @@ def engine_config_from_args(args):
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "stop")  # --max-tokens: the default of each prompt
 
 
-def engine_requests(args, items: list[dict]):
-    """One engine request per prompt item (``prompt`` or ``messages``, optional ``max_tokens``), the
-    sampling flags applying to all; RequestError (a ValueError) names the first bad value."""
-    from cluster.request import engine_request
+def engine_requests(args, lines: list):
+    """One engine request per prompt line (``cluster.prompt_file.PromptLine``: its messages, else its
+    text; optional ``max_tokens``), the sampling flags applying to all; RequestError (a ValueError)
+    names the first bad value."""
+    from cluster.request import engine_request, is_chat
 
     flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
     out = []
-    for it in items:
-        prompt = {"messages": it["messages"]} if it.get("messages") else {"prompt": it.get("prompt")}
-        out.append(engine_request({**flags, **prompt, "max_tokens": it.get("max_tokens")}, args.max_tokens))
+    for line in lines:
+        prompt = {"messages" if is_chat(line.prompt) else "prompt": line.prompt}
+        out.append(engine_request({**flags, **prompt, "max_tokens": line.fields.get("max_tokens")}, args.max_tokens))
     return out
 
 
 def cmd_generate(args) -> int:
-    engine_cfg = engine_config_from_args(args)
-    items = [{"prompt": p} for p in args.prompts]
-    if args.prompts_file:
-        from cluster.prompt_file import read_prompt_file
+    from cluster.prompt_file import PromptLine, read_prompt_file
 
-        items += [line.fields for line in read_prompt_file(args.prompts_file, "--prompts-file")]
+    engine_cfg = engine_config_from_args(args)
+    items = [PromptLine(0, {"prompt": p}) for p in args.prompts]
+    if args.prompts_file:
+        items += read_prompt_file(args.prompts_file, "--prompts-file")
     if not items:
         raise BadInput("no prompts: pass prompt texts or --prompts-file FILE.jsonl")
     if args.concurrency is not None and args.concurrency < 1:

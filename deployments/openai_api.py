@@ -4,9 +4,9 @@ Requests are pydantic models with unknown fields forbidden (a typo such as ``max
 error, not silently ignored). Value ranges are checked when a request becomes the engine's prompt
 and ``SamplingParams`` (``to_engine``: the OpenAI-only checks, then the one request mapping of
 ``cluster.request``, one SamplingParams per choice), so a bad value is answered 400 with the field
-and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error
-body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat semantics; vLLM does
-the same), capped by the model's context.
+and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
+OpenAI error body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat
+semantics; vLLM does the same), capped by the model's context.
 """
 from __future__ import annotations
 

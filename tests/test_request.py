@@ -141,14 +141,19 @@ def test_a_batch_line_goes_through_the_mapping(tmp_path):
 
 def test_cli_flags_go_through_the_mapping():
     from cluster.cli import engine_requests
+    from cluster.prompt_file import PromptLine
 
     args = argparse.Namespace(temperature=0.7, top_p=0.8, top_k=5, seed=4, stop=["\n"], max_tokens=9)
-    reqs = engine_requests(args, [{"prompt": "a"}, {"messages": MESSAGES, "prompt": "ignored", "max_tokens": 2}])
+    lines = [PromptLine(0, {"prompt": "a"}), PromptLine(1, {"messages": MESSAGES, "prompt": "no", "max_tokens": 2}),
+             PromptLine(2, {"messages": [], "prompt": "b"}), PromptLine(3, {"prompt": [5, 6]})]
     flags = dict(temperature=0.7, top_p=0.8, top_k=5, seed=4, stop=("\n",))
-    assert reqs == [EngineRequest("a", SamplingParams(max_tokens=9, **flags)),
-                    EngineRequest(MESSAGES, SamplingParams(max_tokens=2, **flags))]
+    assert engine_requests(args, lines) == [
+        EngineRequest("a", SamplingParams(max_tokens=9, **flags)),
+        EngineRequest(MESSAGES, SamplingParams(max_tokens=2, **flags)),
+        EngineRequest("b", SamplingParams(max_tokens=9, **flags)),
+        EngineRequest([5, 6], SamplingParams(max_tokens=9, **flags))]
     with pytest.raises(RequestError, match="top_k=-3"):
-        engine_requests(argparse.Namespace(**{**vars(args), "top_k": -3}), [{"prompt": "a"}])
+        engine_requests(argparse.Namespace(**{**vars(args), "top_k": -3}), lines[:1])
 
 
 def test_a_grpc_message_goes_through_the_same_models():

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.prompt_set import CHAT20_PROMPTS, load_prompts
+from benchmarks.prompt_set import CHAT20_PROMPTS, load_prompt_set
 
 
 def _args(argv=None):
@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     args = _args(argv)
     torch.set_num_threads(args.target_threads)
     draft_dir = str(args.draft_model or resolve_model_dir(args.model))
-    prompts = [it.get("messages") or it["prompt"] for it in load_prompts(args.prompts, args.batch)]
+    prompts = [p.prompt for p in load_prompt_set(args.prompts)[: args.batch or None]]
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     loaded = load_model(args.model)
     spec = DrafterSpec("draft", draft_model=draft_dir, num_threads=args.draft_threads, num_blocks=512)

@@ -6,10 +6,11 @@ the production mix the methodology asks for instead of whatever comes first in t
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from cluster.prompt_file import PromptLine, read_prompt_file
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 BENCH500_PROMPTS = PROMPTS_DIR / "bench500.jsonl"
@@ -42,39 +43,19 @@ def default_prompts_path() -> Path:
 
 
 def load_prompt_set(path: str | Path) -> list[BenchPrompt]:
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise ValueError(f"--prompts {str(path)!r}: {e.strerror or e}") from None
-    items = [_parse_line(path, n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-    if not items:
-        raise ValueError(f"--prompts {str(path)!r} holds no prompts")
-    return items
+    """Every line of the set (``cluster.prompt_file``), checked: a bad line is named by file and number."""
+    return [_bench_prompt(path, line) for line in read_prompt_file(path, "--prompts")]
 
 
-def _parse_line(path: Path, n: int, line: str) -> BenchPrompt:
-    where = f"{path}:{n}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
-        raise ValueError(f"{where}: each line needs a 'messages' or a 'prompt' field")
-    prompt = obj.get("messages") or obj.get("prompt")
+def _bench_prompt(path: str | Path, line: PromptLine) -> BenchPrompt:
+    where, obj, prompt = f"{path}:{line.number}", line.fields, line.prompt
     if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt):
         raise ValueError(f"{where}: 'messages' must be a non-empty list (or 'prompt' a non-empty string)")
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"{where}: max_tokens={max_tokens!r} must be a positive integer")
     category = obj.get("category") or UNCATEGORIZED
-    return BenchPrompt(str(obj.get("id", n)), str(category), prompt, max_tokens)
-
-
-def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Raw JSON lines (first ``limit``), for the single-purpose scripts in this folder."""
-    items = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return items[:limit] if limit else items
+    return BenchPrompt(str(obj.get("id", line.number)), str(category), prompt, max_tokens)
 
 
 def allocate(counts: dict[str, int], n: int) -> dict[str, int]:

@@ -10,7 +10,7 @@ import argparse
 import time
 
 from actors.sampling_params import SamplingParams
-from benchmarks.prompt_set import CHAT20_PROMPTS, load_prompts
+from benchmarks.prompt_set import CHAT20_PROMPTS, load_prompt_set
 from cluster.config import EngineConfig, SpeculativeConfig
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     from cluster.engine import LLMEngine
     from cluster.replica import RayOptions, RayReplicaClient, connect_or_start_ray
 
-    prompts = [it["messages"] for it in load_prompts(CHAT20_PROMPTS, args.limit)]
+    prompts = [p.prompt for p in load_prompt_set(CHAT20_PROMPTS)[: args.limit or None]]
     params = [SamplingParams(max_tokens=args.max_tokens)] * len(prompts)
     config = EngineConfig(speculative=SpeculativeConfig.from_draft_arg(args.draft, 5))
     local = LLMEngine(config)

@@ -40,6 +40,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--peers", action="store_true",
                    help="also run transformers' generate: plain, prompt lookup, assisted (draft models)")
     b.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md and PNG plots here")
+    b.set_defaults(func=cmd_bench)
 
 
 def _command(args, methods: list[str], prompts_path: Path) -> str:

@@ -28,6 +28,7 @@ def add_tune_parser(sub) -> None:
     t.add_argument("--temperature", default="0", help="one sampling temperature (seeded unless --unseeded)")
     t.add_argument("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, metavar="FRACTION",
                    help="tokens/s within this fraction of the best count as a tie (smaller K wins)")
+    t.set_defaults(func=cmd_tune)
 
 
 def candidate_size(row: dict) -> int:

@@ -56,6 +56,23 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         self._command(("abort", request_id))
 
+    @property
+    def is_running(self) -> bool:
+        """The step loop takes requests: not shut down and its thread alive."""
+        return not self._stopped and self._thread.is_alive()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> dict:
+        """Unfinished requests and KV blocks (free, total; None when the blocks live elsewhere, in
+        the replica's allocator actor). Read without the loop's lock: a snapshot for operators."""
+        alloc = self.engine.allocator
+        return {"has_unfinished": self.engine.has_unfinished(),
+                "num_free_blocks": None if alloc is None else alloc.num_free_blocks,
+                "num_blocks": None if alloc is None else alloc.num_blocks}
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopped = True
         self._command(("stop",))

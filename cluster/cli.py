@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import sys
 
@@ -14,7 +16,9 @@ class BadInput(Exception):
     pass
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's flags (model, draft, speculation shape, batch and KV sizes, device): every command
+    that builds an engine takes them (generate, serve, the batch job)."""
     from cluster.config import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF dir or .gguf file")
@@ -59,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for prompts (one continuous batch)")
     g.add_argument("prompts", nargs="*", help="prompt texts")
-    _add_engine_args(g)
+    add_engine_args(g)
     _add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--prompts-file", default=None, help="JSONL with `prompt` or `messages`, optional `max_tokens`")
@@ -69,15 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel verifier shards (with --ray)")
     g.add_argument("--drafters", type=int, default=0, help="drafter worker actors (with --ray)")
     g.add_argument("--allow-no-spec", action="store_true", help="serve without speculation if the drafter fails to load")
-    from benchmarks.runner import add_bench_parser
-    from benchmarks.tune import add_tune_parser
-
-    add_bench_parser(sub)
-    add_tune_parser(sub)
+    g.set_defaults(func=cmd_generate)
+    _add_plugin_commands(sub)
     from cluster.serve_cli import add_serve_parser
 
     add_serve_parser(sub)
     return parser
+
+
+# Packages beside the serving code that add subcommands with ``register(subparsers)`` when installed.
+PLUGIN_COMMANDS = ("benchmarks.cli",)  # specray bench, specray tune
+
+
+def _add_plugin_commands(sub) -> None:
+    for name in PLUGIN_COMMANDS:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its package is not installed
+            found = False
+        if found:
+            importlib.import_module(name).register(sub)
 
 
 def engine_config_from_args(args):
@@ -96,49 +111,36 @@ def engine_config_from_args(args):
     )
 
 
-def sampling_params_from_args(args, **override):
-    from actors.sampling_params import SamplingParams
-
-    fields = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                  max_tokens=args.max_tokens, stop=args.stop or ())
-    fields.update(override)
-    return SamplingParams(**fields)
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "stop")  # --max-tokens: the default of each prompt
 
 
-def read_prompts_file(path: str) -> list[dict]:
-    """Lines with `prompt` (str) or `messages` (chat), optional `max_tokens`."""
-    items = []
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise BadInput(f"--prompts-file {path!r}: {e.strerror}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not ({"prompt", "messages"} & obj.keys()):
-            raise BadInput(f"{path}:{n}: each line needs a 'prompt' or a 'messages' field")
-        items.append(obj)
-    if not items:
-        raise BadInput(f"--prompts-file {path!r} holds no prompts")
-    return items
+def engine_requests(args, lines: list):
+    """One engine request per prompt line (``cluster.prompt_file.PromptLine``: its messages, else its
+    text; optional ``max_tokens``), the sampling flags applying to all; RequestError (a ValueError)
+    names the first bad value."""
+    from cluster.request import engine_request, is_chat
+
+    flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    out = []
+    for line in lines:
+        prompt = {"messages" if is_chat(line.prompt) else "prompt": line.prompt}
+        out.append(engine_request({**flags, **prompt, "max_tokens": line.fields.get("max_tokens")}, args.max_tokens))
+    return out
 
 
 def cmd_generate(args) -> int:
+    from cluster.prompt_file import PromptLine, read_prompt_file
+
     engine_cfg = engine_config_from_args(args)
-    items = [{"prompt": p} for p in args.prompts]
+    items = [PromptLine(0, {"prompt": p}) for p in args.prompts]
     if args.prompts_file:
-        items += read_prompts_file(args.prompts_file)
+        items += read_prompt_file(args.prompts_file, "--prompts-file")
     if not items:
         raise BadInput("no prompts: pass prompt texts or --prompts-file FILE.jsonl")
     if args.concurrency is not None and args.concurrency < 1:
         raise BadInput(f"--concurrency {args.concurrency}: must be at least 1")
-    params = [sampling_params_from_args(args, **({"max_tokens": it["max_tokens"]} if "max_tokens" in it else {}))
-              for it in items]
-    prompts = [it.get("messages") or it["prompt"] for it in items]
+    requests = engine_requests(args, items)
+    prompts, params = [r.prompt for r in requests], [r.params for r in requests]
 
     outs = _generate_ray(args, engine_cfg, prompts, params) if args.ray else \
         _generate_local(args, engine_cfg, prompts, params)
@@ -193,14 +195,9 @@ def _generate_ray(args, engine_cfg, prompts, params):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from benchmarks.runner import cmd_bench
-        from benchmarks.tune import cmd_tune
-        from cluster.serve_cli import cmd_serve
-
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve}
-        return commands[args.command](args)
+        return args.func(args)
     except ValidationError as e:
-        from cluster.config import format_validation_error
+        from cluster.validation import format_validation_error
 
         print(f"specray: error: {format_validation_error(e)}", file=sys.stderr)
     except (BadInput, ValueError) as e:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.tree import expansion_num_nodes, parse_expansion
 
@@ -149,16 +149,3 @@ class EngineConfig(BaseModel):
     # >1: split each step into micro-batches so drafter workers draft one while the target verifies
     # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.
     draft_overlap_micro_batches: int = Field(1, ge=1, le=8)
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """One line naming each bad field, its value and the rule it broke."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "value"
-        msg = e["msg"].removeprefix("Value error, ")
-        if "input" in e and e["type"] != "value_error":
-            parts.append(f"{loc}={e['input']!r}: {msg}")
-        else:
-            parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)

@@ -14,10 +14,11 @@ import time
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
-    from cluster.cli import _add_engine_args
+    from cluster.cli import add_engine_args
 
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API on Ray Serve (until Ctrl-C)")
-    _add_engine_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=cmd_serve)
     p.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs reserved for the engine replica")

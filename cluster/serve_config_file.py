@@ -16,9 +16,11 @@ import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from cluster.validation import CONFIG_FILE, format_validation_error, key_path
 
 # Keys ``serve.start`` + ``serve.run`` cannot apply, and what to do instead.
 _NOT_APPLIED_TOP = {"target_capacity": "use `serve deploy` to set it"}
@@ -33,14 +35,6 @@ _NOT_APPLIED_APP = {
 
 class ConfigFileError(ValueError):
     """One line: the file, the key (as a path such as ``applications[0].args.engine``) and the fix."""
-
-
-def key_path(parts: Iterable[Any]) -> str:
-    """``("applications", 0, "args")`` -> ``applications[0].args``."""
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -93,19 +87,8 @@ def unknown_keys(model: type[BaseModel], data: Any, loc: tuple = ()) -> list[tup
     return found
 
 
-def format_errors(err: ValidationError, prefix: tuple = ()) -> str:
-    """One line naming each bad key (with its path from the file's top) and what is wrong."""
-    parts = []
-    for e in err.errors():
-        loc = key_path(prefix + tuple(e["loc"]))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            parts.append(f"unknown key {loc}")
-        elif "input" in e and e["type"] != "value_error" and not isinstance(e["input"], (dict, list)):
-            parts.append(f"{loc}={e['input']!r}: {msg}")
-        else:
-            parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
+def _app_args_errors(err: ValidationError, index: int) -> str:
+    return format_validation_error(err, CONFIG_FILE, prefix=("applications", index, "args"))
 
 
 def validate_serve_config(path: str | Path, raw: dict):
@@ -121,7 +104,7 @@ def validate_serve_config(path: str | Path, raw: dict):
     try:
         config = ServeDeploySchema.model_validate(raw)
     except ValidationError as e:
-        raise ConfigFileError(f"{path}: {format_errors(e)}") from None
+        raise ConfigFileError(f"{path}: {format_validation_error(e, CONFIG_FILE)}") from None
     for key, fix in _NOT_APPLIED_TOP.items():
         if raw.get(key) is not None:
             raise ConfigFileError(f"{path}: {key} is not applied by `specray serve`: {fix}")
@@ -139,7 +122,7 @@ def validate_app_args(path: str | Path, index: int, args: dict):
     try:
         return ServeArgs.model_validate(args or {})
     except ValidationError as e:
-        raise ConfigFileError(f"{path}: {format_errors(e, ('applications', index, 'args'))}") from None
+        raise ConfigFileError(f"{path}: {_app_args_errors(e, index)}") from None
 
 
 def resolve_import(path: str | Path, loc: str, import_path: str):
@@ -191,7 +174,7 @@ def _build(path: str | Path, index: int, app_schema, args) -> ServeApp:
     try:
         app = call_user_app_builder_with_args_if_necessary(builder, app_schema.args)
     except ValidationError as e:
-        raise ConfigFileError(f"{path}: {format_errors(e, ('applications', index, 'args'))}") from None
+        raise ConfigFileError(f"{path}: {_app_args_errors(e, index)}") from None
     except (TypeError, ValueError) as e:
         raise ConfigFileError(f"{path}: {loc}={app_schema.import_path!r}: {e}") from None
     run_options = {k: getattr(app_schema, k) for k in ("logging_config", "external_scaler_enabled")

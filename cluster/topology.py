@@ -1,12 +1,12 @@
 """Where one engine replica's actors run: a placement group with one bundle per tensor-parallel
 rank (STRICT_PACK, so a TP group never spans nodes) and the drafter bundles beside them; plus the
-checks that a TP size fits the model, and the torch.distributed rendezvous helpers.
+checks that a TP size fits the model. (The TP group's rendezvous is rank 0's TCPStore on a port the OS
+picks, at the node IP that ``actors.verifier_shard`` finds: see ``VerifierShard.rendezvous``.)
 
 Bundle order: ``[verifier rank 0, ..., rank tp-1, drafter 0, ..., drafter d-1]``.
 """
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,28 +131,3 @@ def validate_tp(model_config, tp_size: int, model_name: str = "the model") -> No
         why = f"does not divide intermediate_size={c.intermediate_size}"
     raise ValueError(f"tp={tp_size} {why} of {model_name} (num_heads={c.num_heads}, "
                      f"num_kv_heads={c.num_kv_heads}); use tp in {ok}")
-
-
-def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on this host right now (bind port 0). Another process may take it before you
-    bind it; ``VerifierShard`` avoids that race by letting its TCPStore bind port 0 itself."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def dist_init_address(host: str, port: int) -> str:
-    """torch.distributed init_method for a TCP rendezvous, e.g. 'tcp://10.0.0.2:29512'."""
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is not a TCP port (1..65535)")
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def node_ip() -> str:
-    """This process's node IP as Ray sees it (127.0.0.1 outside Ray)."""
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # not in a Ray worker / Ray not initialised
-        return "127.0.0.1"

@@ -31,15 +31,16 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.async_engine import AsyncLLMEngine
-from cluster.config import format_validation_error
+from cluster.validation import REQUEST, first_field, format_validation_error
+from deployments import replica_state
 from deployments.admission import Admission
 from deployments.grpc_ingress import GrpcGenerationMixin
 from deployments.http_guard import BodyTooLarge, GuardSettings, RequestGuard
 from deployments.http_metrics import HTTPCountMiddleware
-from deployments.http_metrics import bind as bind_http_metrics
 from deployments.metrics_hub import ReplicaMetricsPublisher
-from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_message
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from deployments.openai_server import EventStream, OpenAIServer
+from deployments.replica_state import ReplicaState
 from deployments.serve_config import ServeArgs
 
 log = logging.getLogger("specray.serve")
@@ -72,9 +73,8 @@ async def _validation_error(_: Request, e: RequestValidationError):
     if any(err.get("type") == "json_invalid" for err in errors):
         detail = errors[0].get("ctx", {}).get("error", "")
         return _error_response(400, f"malformed JSON body: {detail}".rstrip(": "), code="invalid_json")
-    first = errors[0] if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    return _error_response(422, validation_message(errors), param=loc[0] if loc else None, code=first.get("type"))
+    code = errors[0].get("type") if errors else None
+    return _error_response(422, format_validation_error(errors, REQUEST), param=first_field(errors), code=code)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -106,41 +106,14 @@ def _respond(result: dict | EventStream):
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def serve_replica_draining() -> bool:
-    """Whether Serve has begun this replica's graceful shutdown (delete, redeploy, downscale).
-
-    Serve 2.60 has no public hook for it: its replica sets ``_shutting_down`` when the drain
-    starts, and the replica context's handle-registration callback closes over that replica. False
-    when that layout is not there (outside a replica, another Serve version); tests/test_http_ops.py
-    checks it against the installed Serve."""
-    from ray.serve.context import _get_internal_replica_context
-
-    callback = getattr(_get_internal_replica_context(), "_handle_registration_callback", None)
-    for cell in getattr(callback, "__closure__", None) or ():
-        try:
-            flag = getattr(cell.cell_contents, "_shutting_down", None)
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(flag, bool):
-            return flag
-    return False
-
-
-def _replica_guard() -> GuardSettings | None:
-    """The API key and body limit of the replica serving this request (None outside a replica)."""
-    from ray.serve.context import _get_internal_replica_context
-
-    ctx = _get_internal_replica_context()
-    return getattr(ctx.servable_object, "guard", None) if ctx is not None else None
-
-
+# The middleware reads the replica's state that OpenAIIngress.__init__ binds (deployments.replica_state).
 # Inside the metrics middleware (added after it), so its 401/413 answers are counted too.
-app.add_middleware(RequestGuard, settings=_replica_guard)
+app.add_middleware(RequestGuard, settings=replica_state.guard_settings)
 
 
 # Added last, so outermost: it counts the answers of every other middleware too (401/413/429/503).
 # Must stay above @serve.ingress, which freezes a copy of the app.
-app.add_middleware(HTTPCountMiddleware)
+app.add_middleware(HTTPCountMiddleware, metrics=replica_state.http_metrics)
 
 
 @serve.deployment(name="OpenAIIngress")  # options: deployment_options(ServeArgs)
@@ -162,9 +135,8 @@ class OpenAIIngress(GrpcGenerationMixin):
         admission = Admission(sargs.max_ongoing_requests, sargs.max_queued_requests, sargs.retry_after_s,
                               sargs.queue_timeout_s)
         self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,
-                                   api_key, draining=serve_replica_draining)
-        self.guard = GuardSettings(api_key, sargs.max_request_bytes)
-        bind_http_metrics(engine.metrics)
+                                   api_key, draining=replica_state.serve_replica_draining)
+        replica_state.bind(ReplicaState(GuardSettings(api_key, sargs.max_request_bytes), engine.metrics))
         self.metrics_publisher = ReplicaMetricsPublisher.for_current_replica(engine.metrics)
 
     @app.get("/health")
@@ -196,13 +168,7 @@ class OpenAIIngress(GrpcGenerationMixin):
     def engine_stats(self) -> dict:
         """For tests and operators through a Serve handle: unfinished requests, free KV blocks and
         admission (sequences running, requests waiting)."""
-        eng = self.server.aeng.engine
-        alloc = eng.allocator
-        return {"has_unfinished": eng.has_unfinished(),
-                "num_free_blocks": None if alloc is None else alloc.num_free_blocks,
-                "num_blocks": None if alloc is None else alloc.num_blocks,
-                "admission_running": self.server.admission.running,
-                "admission_waiting": self.server.admission.num_waiting}
+        return self.server.stats()
 
     def check_health(self):
         """Serve's replica health check: the engine thread must be alive (draining is healthy:

@@ -28,9 +28,10 @@ from typing import Callable, Iterable
 
 from pydantic import ValidationError
 
-from cluster.cli import EXIT_BAD_INPUT, BadInput, _add_engine_args, engine_config_from_args
+from cluster.cli import EXIT_BAD_INPUT, BadInput, add_engine_args, engine_config_from_args
 from cluster.outputs import RequestOutput
-from deployments.batch_input import BatchRequest, LineError, LineReader, count_lines
+from cluster.prompt_file import count_lines
+from deployments.batch_input import BatchRequest, LineError, LineReader
 from deployments.batch_output import ExistingResults, OrderedWriter, error_record, read_existing, result_record
 
 Log = Callable[[str], None]
@@ -185,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="batch generation: JSONL prompts in, JSONL results out (resumable)")
     p.add_argument("--input", required=True, help="JSONL: {id, prompt | messages, optional sampling fields}")
     p.add_argument("--output", required=True, help="JSONL results; an existing file is resumed")
-    _add_engine_args(p)
+    add_engine_args(p)
     p.add_argument("--concurrency", type=int, default=16, help="at most N requests in flight")
     p.add_argument("--max-tokens", type=int, default=64, help="default for lines without max_tokens")
     p.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         _print(f"batch: loading {config.model} (speculation: {config.speculative.method})")
         engine = LLMEngine(config)
     except ValidationError as e:
-        from cluster.config import format_validation_error
+        from cluster.validation import format_validation_error
 
         print(f"batch: error: {format_validation_error(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT

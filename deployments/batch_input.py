@@ -2,7 +2,8 @@
 
 A line is ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` plus optional
 sampling fields. Types are strict (``"max_tokens": "8"`` is an error, not silently 8) and unknown
-fields are errors, so a typo never runs with a default; value ranges are ``SamplingParams``' own.
+fields are errors, so a typo never runs with a default; then the line goes through the one request
+mapping (``cluster.request``: exactly one of prompt and messages, value ranges).
 A bad line becomes an error result naming the field and value, and the job goes on.
 
 Each line has a resume key: its id, or its line number when it has no valid id (so an error line
@@ -20,9 +21,9 @@ from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt,
                       field_validator)
 
 from actors.sampling_params import SamplingParams
-from deployments.openai_api import ChatMessage, validation_message
-
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "spec_tokens", "ignore_eos")
+from cluster.prompt_file import json_lines
+from cluster.request import RequestError, engine_request, is_chat
+from deployments.openai_api import ChatMessage
 
 
 class BatchLine(BaseModel):
@@ -69,7 +70,7 @@ class BatchRequest:
 
     @property
     def field(self) -> str:
-        return "prompt" if isinstance(self.prompt, str) else "messages"
+        return "messages" if is_chat(self.prompt) else "prompt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +97,6 @@ def valid_id(obj) -> str | int | None:
     return v if is_valid_id(v) else None
 
 
-def nonblank_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number from 1, raw line) for every line with content; blank lines are not requests."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if raw.strip():
-                yield n, raw
-
-
-def count_lines(path: Path) -> int:
-    return sum(1 for _ in nonblank_lines(path))
-
-
 class LineReader:
     """Turns input lines into requests or errors, skipping those whose results are already written.
 
@@ -119,15 +108,8 @@ class LineReader:
         self.num_skipped = 0
 
     def __iter__(self) -> Iterator[BatchRequest | LineError]:
-        for n, raw in nonblank_lines(self.path):
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError as e:
-                obj, err = None, f"line is not valid UTF-8 ({e.reason} at byte {e.start})"
-            except json.JSONDecodeError as e:
-                obj, err = None, f"line is not valid JSON: {e.msg} at column {e.colno}"
-            else:
-                err = None
+        for line in json_lines(self.path):
+            n, obj, err = line.number, line.value, line.error
             id_ = valid_id(obj)
             key = resume_key(id_, n)
             if self.done[key] > 0:
@@ -148,21 +130,12 @@ class LineReader:
         try:
             line = BatchLine.model_validate(obj)
         except ValidationError as e:
-            return LineError(n, id_, validation_message(e))
-        if (line.prompt is None) == (line.messages is None):
-            return LineError(n, line.id, "give exactly one of 'prompt' (text) or 'messages' (chat), "
-                                         f"got {'both' if line.prompt is not None else 'neither'}")
-        if line.messages == []:
-            return LineError(n, line.id, "messages=[]: give at least one message")
-        fields = {"max_tokens": self.default_max_tokens}
-        fields.update({k: getattr(line, k) for k in SAMPLING_FIELDS if getattr(line, k) is not None})
+            return LineError(n, id_, str(RequestError.from_validation(e)))
         try:
-            params = SamplingParams(**fields)
-        except ValidationError as e:
-            return LineError(n, line.id, validation_message(e))
-        prompt = line.prompt if line.prompt is not None else [{"role": m.role, "content": m.content}
-                                                                    for m in line.messages]
-        return BatchRequest(n, line.id, prompt, params)
+            req = engine_request(dict(line), self.default_max_tokens)
+        except RequestError as e:
+            return LineError(n, line.id, str(e))
+        return BatchRequest(n, line.id, req.prompt, req.params)
 
 
 def _short(obj, limit: int = 60) -> str:

@@ -3,27 +3,30 @@
 Ray Serve's gRPC proxy routes a call by its ``application`` metadata to the deployment method named
 like the RPC (``Generate``, ``GenerateStream``). ``GrpcGenerationMixin`` gives the deployment those
 methods. They turn the proto request into the HTTP side's request model and go through the same
-``OpenAIServer.handle``, so validation, defaults, admission control and error messages are one code
-path for both protocols; an ``APIError`` becomes a gRPC status (``grpc_code_of``) whose details are
-the same message that names the bad field and value.
+``OpenAIServer.start``, so validation, defaults, admission control and error messages are one code
+path for both protocols; the engine's ``RequestOutput``s then become protobufs directly
+(``to_response``, ``to_chunks``). An ``APIError`` becomes a gRPC status (``grpc_code_of``) whose
+details are the same message that names the bad field and value.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
 from pydantic import ValidationError
 
+from cluster.outputs import RequestOutput
+from cluster.request import RequestError, chat_messages
 from deployments.http_guard import bearer_matches
-from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from deployments.openai_api import (APIError, ChatCompletionRequest, CompletionRequest, finish_reason_of,
+                                    total_speculation, total_usage)
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:
     from ray.serve.grpc_util import RayServegRPCContext
 
-    from deployments.openai_server import OpenAIServer
+    from deployments.openai_server import Generation, OpenAIServer
 
 SERVICER = "deployments.grpc_cancel.add_generation_servicer"
 
@@ -62,63 +65,54 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
         if msg.messages:
-            messages = [{"role": m.role, "content": m.content} for m in msg.messages]
-            return ChatCompletionRequest(messages=messages, **fields), True
+            return ChatCompletionRequest(messages=chat_messages(list(msg.messages)), **fields), True
         return CompletionRequest(prompt=msg.prompt, **fields), False
     except ValidationError as e:
-        first = e.errors()[0]
-        raise APIError(400, validation_message(e), param=str(first["loc"][0]) if first["loc"] else None) from None
+        err = RequestError.from_validation(e)
+        raise APIError(400, str(err), param=err.field) from None
 
 
-def _choice_text(choice: dict, chat: bool) -> str:
-    if not chat:
-        return choice.get("text") or ""
-    return (choice.get("message") or choice.get("delta") or {}).get("content") or ""
-
-
-def _speculation(spec: dict) -> pb.Speculation:
+def _speculation(outs: list[RequestOutput]) -> pb.Speculation:
+    spec = total_speculation(outs)
     return pb.Speculation(num_drafts=spec["num_drafts"], num_draft_tokens=spec["num_draft_tokens"],
                           num_accepted_tokens=spec["num_accepted_tokens"],
                           accepted_per_pos=spec["accepted_per_pos"], acceptance_rate=spec["acceptance_rate"])
 
 
-def to_response(body: dict, chat: bool) -> pb.GenerateResponse:
-    """A proto response from the HTTP side's (non-streaming) response body."""
-    choice = body["choices"][0]
-    return pb.GenerateResponse(id=body["id"], model=body["model"], text=_choice_text(choice, chat),
-                               token_ids=choice["token_ids"], finish_reason=choice["finish_reason"] or "",
-                               usage=pb.Usage(**body["usage"]), speculation=_speculation(body["speculation"]))
+def to_response(rid: str, model: str, outs: list[RequestOutput]) -> pb.GenerateResponse:
+    """The proto response from the final output of the request's (one) choice."""
+    out = outs[0]
+    return pb.GenerateResponse(id=rid, model=model, text=out.text, token_ids=list(out.token_ids),
+                               finish_reason=finish_reason_of(out) or "", usage=pb.Usage(**total_usage(outs)),
+                               speculation=_speculation(outs))
 
 
-async def to_chunks(lines: AsyncIterator[str], chat: bool) -> AsyncIterator[pb.GenerateChunk]:
-    """Proto chunks from the HTTP side's SSE lines. The chunk with the finish reason is held back
-    until the usage chunk that follows it, so the last proto chunk carries both."""
-    held = None
-    async for line in lines:
-        data = line.removeprefix("data: ").strip()
-        if data == "[DONE]":
-            break
-        obj = json.loads(data)
-        if "error" in obj:  # the engine failed under the request after the stream had begun
-            err = obj["error"]
-            raise APIError(503 if err["type"] == "service_unavailable_error" else 500, err["message"])
-        if not obj["choices"]:  # the usage chunk
-            last = held or pb.GenerateChunk(id=obj["id"], model=obj["model"])
-            last.usage.CopyFrom(pb.Usage(**obj["usage"]))
-            last.speculation.CopyFrom(_speculation(obj["speculation"]))
-            yield last
-            held = None
-            continue
-        choice = obj["choices"][0]
-        chunk = pb.GenerateChunk(id=obj["id"], model=obj["model"], delta_text=_choice_text(choice, chat),
-                                 delta_token_ids=choice.get("token_ids") or [])
-        if choice["finish_reason"] is not None:
-            chunk.finish_reason = choice["finish_reason"]
-            held = chunk
-        elif chunk.delta_text or chunk.delta_token_ids:  # not the chat opening chunk (role only)
-            yield chunk
-    if held is not None:
-        yield held
+async def to_chunks(gen: Generation, model: str) -> AsyncIterator[pb.GenerateChunk]:
+    """Proto chunks from the engine's outputs as they arrive: one per output with new text or token
+    ids; the one with the finish reason is held back and also carries usage and speculation, so
+    the last chunk has all three. A failed engine ends the stream with APIError (500, or 503 when
+    the engine loop stopped)."""
+    finals, held = list(gen.choices.firsts), None
+    try:
+        async with contextlib.aclosing(gen.choices.merged()) as merged:
+            async for i, out in merged:
+                finals[i] = out
+                if out.finish_reason == "error":
+                    raise APIError(500, f"generation failed: {out.error}")
+                chunk = pb.GenerateChunk(id=gen.rid, model=model, delta_text=out.delta_text or "",
+                                         delta_token_ids=out.delta_token_ids or [])
+                reason = finish_reason_of(out)
+                if reason is not None:
+                    chunk.finish_reason = reason
+                    held = chunk
+                elif chunk.delta_text or chunk.delta_token_ids:
+                    yield chunk
+    except RuntimeError as e:  # the engine loop failed or stopped under this request
+        raise APIError(503, f"generation failed: {e}") from None
+    last = held or pb.GenerateChunk(id=gen.rid, model=model)
+    last.usage.CopyFrom(pb.Usage(**total_usage(finals)))
+    last.speculation.CopyFrom(_speculation(finals))
+    yield last
 
 
 class GrpcGenerationMixin:
@@ -129,20 +123,24 @@ class GrpcGenerationMixin:
     async def Generate(self, request: pb.GenerateRequest,
                        grpc_context: RayServegRPCContext | None = None) -> pb.GenerateResponse:
         with _grpc_status(grpc_context):
-            self._check_grpc_auth(grpc_context)
-            req, chat = to_openai_request(request, stream=False)
-            return to_response(await self.server.handle(req, chat=chat), chat)
+            gen = await self._start(request, grpc_context, stream=False)
+            outs, _ = await gen.finish()
+            return to_response(gen.rid, self.server.model_name, outs)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              grpc_context: RayServegRPCContext | None = None) -> AsyncIterator[pb.GenerateChunk]:
         with _grpc_status(grpc_context):
-            self._check_grpc_auth(grpc_context)
-            req, chat = to_openai_request(request, stream=True)
-            lines = await self.server.handle(req, chat=chat)
+            gen = await self._start(request, grpc_context, stream=True)
             # aclosing: a client that goes away aborts the engine request (frees its KV) at once
-            async with contextlib.aclosing(lines):
-                async for chunk in to_chunks(lines, chat):
+            async with contextlib.aclosing(gen):
+                async for chunk in to_chunks(gen, self.server.model_name):
                     yield chunk
+
+    async def _start(self, request: pb.GenerateRequest, grpc_context: RayServegRPCContext | None,
+                     stream: bool) -> Generation:
+        self._check_grpc_auth(grpc_context)
+        req, chat = to_openai_request(request, stream=stream)
+        return await self.server.start(req, chat)
 
     def _check_grpc_auth(self, grpc_context: RayServegRPCContext | None) -> None:
         """With an API key configured, the ``authorization: Bearer <key>`` metadata must match it."""

@@ -10,34 +10,30 @@ blow up the number of series; paths that match no route count as ``other``. A cl
 before any answer was started counts as status 499 (nginx's "client closed request").
 
 Serve runs a frozen copy of the FastAPI app in each replica, so the middleware cannot be handed the
-replica's metrics object; the replica binds it here (one replica per process) with ``bind``.
+replica's metrics object itself: it gets a function that returns it (``metrics=``; the ingress passes
+``deployments.replica_state.http_metrics``, which reads what the replica bound), None: not counted.
 """
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 
 from starlette.routing import compile_path
 
 from cluster.metrics import EngineMetrics
 
-_metrics: EngineMetrics | None = None
-
-
-def bind(metrics: EngineMetrics | None) -> None:
-    """Count this process's HTTP answers into ``metrics`` (None: stop counting)."""
-    global _metrics
-    _metrics = metrics
-
 
 class HTTPCountMiddleware:
-    def __init__(self, app):
-        self.app = app
+    """``app.add_middleware(HTTPCountMiddleware, metrics=callable returning EngineMetrics or None)``."""
+
+    def __init__(self, app, metrics: Callable[[], EngineMetrics | None]):
+        self.app, self.metrics = app, metrics
         self._templates: list[tuple[str, re.Pattern]] | None = None  # the app's routes, read once
 
     async def __call__(self, scope, receive, send):
-        metrics = _metrics
-        if scope["type"] != "http" or metrics is None:
+        metrics = self.metrics() if scope["type"] == "http" else None
+        if metrics is None:
             return await self.app(scope, receive, send)
         status = None
 

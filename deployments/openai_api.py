@@ -1,22 +1,25 @@
 """OpenAI-compatible request models, response builders and the error body.
 
 Requests are pydantic models with unknown fields forbidden (a typo such as ``max_token`` is an
-error, not silently ignored). Value ranges are checked when a request becomes ``SamplingParams``
-(``sampling_params``, one per choice), so a bad value is answered 400 with the field and value
-named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error
-body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat semantics; vLLM does
-the same), capped by the model's context.
+error, not silently ignored). Value ranges are checked when a request becomes the engine's prompt
+and ``SamplingParams`` (``to_engine``: the OpenAI-only checks, then the one request mapping of
+``cluster.request``, one SamplingParams per choice), so a bad value is answered 400 with the field
+and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
+OpenAI error body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat
+semantics; vLLM does the same), capped by the model's context.
 """
 from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from cluster.outputs import RequestOutput
+from cluster.request import SAMPLING_FIELDS, Prompt, RequestError, engine_prompt, sampling_params
 
 
 MAX_N = 16  # choices per request
@@ -57,7 +60,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class _SamplingRequest(BaseModel):
+class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
     model_config = ConfigDict(extra="forbid")
@@ -79,14 +82,23 @@ class _SamplingRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
-    def sampling_params(self, max_model_len: int) -> list[SamplingParams]:
-        """One SamplingParams per choice (choice i gets seed + i when a seed is given), after every
-        value check. Without max_tokens a choice runs until EOS, a stop string or the context end."""
-        self.check_supported(max_model_len)
-        base = self.to_sampling_params(max_model_len)
+    def to_engine(self, max_model_len: int) -> tuple[Prompt, list[SamplingParams]]:
+        """The engine prompt and one SamplingParams per choice (choice i gets seed + i when a seed is
+        given), after every check (APIError 400 naming the field). Without max_tokens a choice runs
+        until EOS, a stop string or the context end."""
+        with _as_api_error():
+            prompt = engine_prompt(self.prompt_fields())
+            self.check_supported(max_model_len)
+            fields = self.model_dump(include=set(SAMPLING_FIELDS))
+            fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k())
+            base = sampling_params(fields, default_max_tokens=max_model_len)
         if self.seed is None:
-            return [base] * self.n
-        return [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
+            return prompt, [base] * self.n
+        return prompt, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
+
+    def prompt_fields(self) -> dict:
+        """``{"prompt": ...}`` or ``{"messages": ...}`` (checked per subclass)."""
+        raise NotImplementedError
 
     def logprobs_k(self) -> int | None:
         """Alternatives per token the request asks for, None = no logprobs (checked per subclass)."""
@@ -104,19 +116,6 @@ class _SamplingRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
-    def to_sampling_params(self, max_model_len: int) -> SamplingParams:
-        fields = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed",
-                                               "stop", "ignore_eos", "spec_tokens")
-                  if getattr(self, k) is not None}
-        fields["max_tokens"] = self.requested_max_tokens if self.requested_max_tokens is not None else max_model_len
-        fields["logprobs"] = self.logprobs_k()
-        try:
-            return SamplingParams(**fields)
-        except ValidationError as e:
-            first = e.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else None
-            raise APIError(400, validation_message(e), param=field) from None
-
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -126,7 +125,7 @@ class _SamplingRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int]
     echo: bool = False
     logprobs: int | None = Field(None, strict=True)  # alternatives per token; the chosen one always comes too
@@ -136,7 +135,7 @@ class CompletionRequest(_SamplingRequest):
             raise APIError(400, f"logprobs={self.logprobs}: must be between 0 and {MAX_LOGPROBS}", param="logprobs")
         return self.logprobs
 
-    def engine_prompt(self):
+    def prompt_fields(self) -> dict:
         p = self.prompt
         if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
             if len(p) != 1:
@@ -145,12 +144,10 @@ class CompletionRequest(_SamplingRequest):
             p = p[0]
         if self.echo:
             raise APIError(400, "echo=true is not supported", param="echo")
-        if not p:
-            raise APIError(400, "prompt is empty: give at least one token", param="prompt")
-        return p
+        return {"prompt": p}
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -168,20 +165,17 @@ class ChatCompletionRequest(_SamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
-    def engine_prompt(self) -> list[dict]:
-        if not self.messages:
-            raise APIError(400, "messages is empty: give at least one message", param="messages")
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+    def prompt_fields(self) -> dict:
+        return {"messages": self.messages}
 
 
-def validation_message(err: ValidationError | list[dict]) -> str:
-    """One line naming each bad field, its value and the rule it broke."""
-    parts = []
-    for e in (err.errors() if isinstance(err, ValidationError) else err):
-        loc = ".".join(str(x) for x in e["loc"] if x != "body") or "body"
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}={e['input']!r}: {msg}" if "input" in e and e["type"] != "missing" else f"{loc}: {msg}")
-    return "; ".join(parts)
+@contextmanager
+def _as_api_error():
+    """A bad field found by the request mapping, answered 400 naming it."""
+    try:
+        yield
+    except RequestError as e:
+        raise APIError(400, str(e), param=e.field) from None
 
 
 # ---- responses -----------------------------------------------------------------------------

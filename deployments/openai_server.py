@@ -1,11 +1,11 @@
-"""Request logic of the OpenAI ingress, protocol-neutral: the HTTP routes and the gRPC methods both
-call ``OpenAIServer.handle``.
+"""Request logic of the OpenAI ingress: ``OpenAIServer.start`` is protocol-neutral (the HTTP routes
+and the gRPC methods both call it); ``handle`` answers HTTP from it.
 
 One request: refuse it when the replica cannot serve (engine loop dead, draining: 503 with a
 Retry-After), check the model and values, admit it (``Admission``: 429 with a Retry-After when the
-replica is full), start one engine request per choice (``n``), then answer a dict or an
-``EventStream`` of SSE lines. Streaming chunks carry their choice index; usage counts the prompt
-once and sums the completion tokens.
+replica is full), start one engine request per choice (``n``): a ``Generation``. HTTP then answers a
+dict or an ``EventStream`` of SSE lines, gRPC protobufs (``deployments.grpc_ingress``). Streaming
+chunks carry their choice index; usage counts the prompt once and sums the completion tokens.
 """
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
-from deployments.openai_api import (APIError, _SamplingRequest, choice_body, completion_response, error_body,
+from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
                                     finish_reason_of, models_response, new_id, stream_chunk, usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
@@ -36,7 +37,7 @@ class OpenAIServer:
         draining: whether the host (Serve) has begun shutting this replica down."""
         self.aeng, self.model_name, self.max_model_len = aeng, model_name, max_model_len
         self.admission, self.api_key, self._host_draining = admission, api_key, draining
-        self.logprobs = LogprobFormatter(aeng.engine.tokenizer)
+        self.logprobs = LogprobFormatter(aeng.tokenizer)
         self.created = int(time.time())
         self._draining = False
 
@@ -49,7 +50,13 @@ class OpenAIServer:
 
     @property
     def engine_alive(self) -> bool:
-        return not self.aeng._stopped and self.aeng._thread.is_alive()
+        return self.aeng.is_running
+
+    def stats(self) -> dict:
+        """The engine's unfinished requests and KV blocks, and admission (sequences running,
+        requests waiting)."""
+        return {**self.aeng.stats(), "admission_running": self.admission.running,
+                "admission_waiting": self.admission.num_waiting}
 
     def unavailable_reason(self) -> str | None:
         """Why this replica takes no new requests (engine loop dead, draining), None when it does."""
@@ -65,14 +72,14 @@ class OpenAIServer:
             retry = self.admission.retry_after_s
             raise APIError(503, f"{reason}; retry after {retry}s", code="service_unavailable", retry_after_s=retry)
 
-    async def handle(self, req: _SamplingRequest, chat: bool):
-        """A dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
+    async def start(self, req: SamplingRequest, chat: bool) -> Generation:
+        """Check the request, admit it and start one engine stream per choice: what both protocols
+        share. The caller answers from the Generation's outputs and must ``aclose()`` it."""
         self.check_available()
         if req.model is not None and req.model != self.model_name:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        prompt = req.engine_prompt()
-        params = req.sampling_params(self.max_model_len)
+        prompt, params = req.to_engine(self.max_model_len)
         ticket = await self.admission.admit(len(params))
         rid = new_id("chatcmpl" if chat else "cmpl")
         try:
@@ -80,26 +87,26 @@ class OpenAIServer:
         except BaseException:
             ticket.release()
             raise
+        return Generation(rid, choices, ticket)
+
+    async def handle(self, req: SamplingRequest, chat: bool):
+        """The HTTP answer: a dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
+        gen = await self.start(req, chat)
         if req.stream:
-            return EventStream(self._events(choices, rid, req, chat), choices, ticket)
-        try:
-            outs, logprobs = await choices.collect()
-        finally:
-            await choices.aclose()
-            ticket.release()
-        if any(o.finish_reason == "error" for o in outs):
-            raise APIError(500, f"generation failed: {next(o.error for o in outs if o.error)}", code="engine_error")
+            return EventStream(self._events(gen, req, chat), gen)
+        outs, logprobs = await gen.finish()
         bodies = [choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
                   for i, (out, lps) in enumerate(zip(outs, logprobs))]
-        return completion_response(rid, self.model_name, bodies, outs, chat)
+        return completion_response(gen.rid, self.model_name, bodies, outs, chat)
 
     def _logprobs_body(self, entries: list | None, chat: bool) -> dict | None:
         if entries is None:
             return None
         return self.logprobs.chat(entries) if chat else self.logprobs.completion(entries)[0]
 
-    async def _events(self, choices: ChoiceStreams, rid: str, req: _SamplingRequest, chat: bool) -> AsyncIterator[str]:
-        chunk = dict(rid=rid, model=self.model_name, chat=chat, created=int(time.time()))
+    async def _events(self, gen: Generation, req: SamplingRequest, chat: bool) -> AsyncIterator[str]:
+        chunk = dict(rid=gen.rid, model=self.model_name, chat=chat, created=int(time.time()))
+        choices = gen.choices
         finals = list(choices.firsts)
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
         if chat:
@@ -208,13 +215,40 @@ def _first_error(e: BaseException, prompt_field: str) -> BaseException:
     return e
 
 
-class EventStream:
-    """A streaming answer: SSE lines, then ``aclose()``, which aborts what is still running and
-    gives the admission room back. Call it on every exit path; it also works when the stream was
-    never iterated (a client gone before the first byte), which an async generator's finally does not."""
+@dataclass(slots=True)
+class Generation:
+    """An admitted request: its id, one engine stream per choice, its admission ticket. ``aclose()``
+    aborts what is still running and gives the admission room back; call it on every exit path."""
 
-    def __init__(self, events: AsyncIterator[str], choices: ChoiceStreams, ticket: Ticket):
-        self._events, self._choices, self._ticket = events, choices, ticket
+    rid: str
+    choices: ChoiceStreams
+    ticket: Ticket
+
+    async def finish(self) -> tuple[list[RequestOutput], list[list | None]]:
+        """Every choice's final output and logprobs (a non-streaming answer), then closed; APIError 500
+        when a choice failed."""
+        try:
+            outs, logprobs = await self.choices.collect()
+        finally:
+            await self.aclose()
+        if any(o.finish_reason == "error" for o in outs):
+            raise APIError(500, f"generation failed: {next(o.error for o in outs if o.error)}", code="engine_error")
+        return outs, logprobs
+
+    async def aclose(self) -> None:
+        try:
+            await self.choices.aclose()
+        finally:
+            self.ticket.release()
+
+
+class EventStream:
+    """A streaming HTTP answer: SSE lines, then ``aclose()`` (the Generation's). Call it on every exit
+    path; it also works when the stream was never iterated (a client gone before the first byte),
+    which an async generator's finally does not."""
+
+    def __init__(self, events: AsyncIterator[str], gen: Generation):
+        self._events, self._gen = events, gen
 
     def __aiter__(self) -> EventStream:
         return self
@@ -225,6 +259,5 @@ class EventStream:
     async def aclose(self) -> None:
         try:
             await self._events.aclose()
-            await self._choices.aclose()
         finally:
-            self._ticket.release()
+            await self._gen.aclose()

@@ -96,3 +96,24 @@ def test_draft_with_other_tokenizer_is_rejected(capsys, tmp_path, tiny_model_dir
     PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0").save_pretrained(draft)
     code, _, err = run_cli(capsys, "generate", "hello", "--draft", str(draft))
     assert code == 2 and "256" in err and "49152" in err
+
+
+def test_benchmarks_registers_its_own_subcommands(monkeypatch):
+    """Serving code imports no benchmark module to start; bench/tune come from benchmarks.cli:register,
+    and the CLI works without them when the package is not there."""
+    import cluster.cli as cli
+
+    code = ("import sys, cluster.cli, cluster.serve_cli, deployments.app, deployments.batch; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+    sub = cli.build_parser()._subparsers._group_actions[0]
+    assert list(sub.choices) == ["generate", "bench", "tune", "serve"]
+    from benchmarks.runner import cmd_bench
+    from benchmarks.tune import cmd_tune
+
+    assert sub.choices["bench"].get_default("func") is cmd_bench
+    assert sub.choices["tune"].get_default("func") is cmd_tune
+    monkeypatch.setattr(cli, "PLUGIN_COMMANDS", ("no_such_package.cli",))
+    assert list(cli.build_parser()._subparsers._group_actions[0].choices) == ["generate", "serve"]

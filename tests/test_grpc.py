@@ -88,6 +88,76 @@ def test_serve_command_grpc_port():
     assert "specray.v1.Generation/Generate" in text and "GenerationStub" in text
 
 
+
+def _out(text="", ids=(), finished=False, reason=None, error=None, drafts=(0, 0, 0), per_pos=()):
+    from cluster.outputs import RequestOutput
+
+    return RequestOutput("r", text, list(ids), text, list(ids), finished, reason, 4, len(ids), *drafts,
+                         accepted_per_pos=list(per_pos), error=error)
+
+
+class _FakeChoices:
+    """One choice's outputs as OpenAIServer's ChoiceStreams hands them over (the first one apart)."""
+
+    def __init__(self, outs, fail=None):
+        self.firsts, self._rest, self._fail = outs[:1], outs[1:], fail
+
+    async def merged(self):
+        for out in self.firsts + self._rest:
+            yield 0, out
+        if self._fail is not None:
+            raise self._fail
+
+
+def _chunks(outs, fail=None) -> list:
+    import asyncio
+
+    from deployments.grpc_ingress import to_chunks
+    from deployments.openai_server import Generation
+
+    async def main():
+        gen = Generation("cmpl-1", _FakeChoices(outs, fail), None)
+        return [c async for c in to_chunks(gen, "m")]
+
+    return asyncio.run(main())
+
+
+def test_outputs_become_chunks_directly():
+    chunks = _chunks([_out(), _out("He", [7]), _out("", [8]), _out(), _out("llo", [9, 10], True, "length",
+                                                                           drafts=(2, 4, 3), per_pos=(2, 1))])
+    assert [(c.delta_text, list(c.delta_token_ids)) for c in chunks] == [("He", [7]), ("", [8]), ("llo", [9, 10])]
+    assert all((c.id, c.model) == ("cmpl-1", "m") for c in chunks)
+    assert [c.HasField("finish_reason") for c in chunks] == [False, False, True]
+    last = chunks[-1]
+    assert last.finish_reason == "length" and not chunks[0].HasField("usage")
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (4, 2, 6)
+    s = last.speculation
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos)) == (2, 4, 3, [2, 1])
+    assert s.acceptance_rate == 0.75
+    plain = _chunks([_out("a", [5], True, "stop")])[-1]
+    assert plain.finish_reason == "stop" and not plain.speculation.HasField("acceptance_rate")
+
+
+def test_a_failure_after_the_first_chunk_is_a_status():
+    from deployments.openai_api import APIError
+
+    with pytest.raises(APIError) as e:
+        _chunks([_out("a", [5]), _out("", [], True, "error", error="boom")])
+    assert (e.value.status, e.value.message) == (500, "generation failed: boom")
+    with pytest.raises(APIError) as e:
+        _chunks([_out("a", [5])], fail=RuntimeError("engine shut down"))
+    assert (e.value.status, e.value.message) == (503, "generation failed: engine shut down")
+
+
+def test_final_output_becomes_the_response_directly():
+    from deployments.grpc_ingress import to_response
+
+    r = to_response("cmpl-2", "m", [_out("Hello", [1, 2, 3], True, "abort", drafts=(1, 2, 1), per_pos=(1,))])
+    assert (r.id, r.model, r.text, list(r.token_ids), r.finish_reason) == ("cmpl-2", "m", "Hello", [1, 2, 3], "abort")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (4, 3, 7)
+    assert (r.speculation.num_drafts, r.speculation.acceptance_rate) == (1, 0.5)
+
+
 # ---- through Serve's gRPC proxy -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stub(ray_cluster):

@@ -196,7 +196,7 @@ def probe_app(ray_cluster, base_url):
     """A tiny deployment whose call waits until its replica sees Serve's drain begin."""
     from ray import serve
 
-    from deployments.app import serve_replica_draining
+    from deployments.replica_state import serve_replica_draining
 
     @serve.deployment(ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=30,
                       graceful_shutdown_wait_loop_s=0.2)

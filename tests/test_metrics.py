@@ -234,20 +234,16 @@ def test_http_middleware_counts_routes_and_statuses():
             return JSONResponse({"error": "no key"}, status_code=401)
         return await call_next(request)
 
-    app.add_middleware(http_metrics.HTTPCountMiddleware)
     metrics = EngineMetrics()
-    http_metrics.bind(metrics)
-    try:
-        client = TestClient(app, headers={"authorization": "Bearer k"})
-        client.get("/v1/models/a")
-        client.get("/v1/models/b")
-        client.post("/v1/completions")
-        client.get("/no/such/path")
-        client.post("/v1/completions", headers={"authorization": "wrong"})
-        client.get("/v1/items/7")
-        client.get("/v1/items/8", headers={"authorization": "wrong"})  # refused before routing
-    finally:
-        http_metrics.bind(None)
+    app.add_middleware(http_metrics.HTTPCountMiddleware, metrics=lambda: metrics)
+    client = TestClient(app, headers={"authorization": "Bearer k"})
+    client.get("/v1/models/a")
+    client.get("/v1/models/b")
+    client.post("/v1/completions")
+    client.get("/no/such/path")
+    client.post("/v1/completions", headers={"authorization": "wrong"})
+    client.get("/v1/items/7")
+    client.get("/v1/items/8", headers={"authorization": "wrong"})  # refused before routing
     counts = {dict(lab)["route"] + " " + dict(lab)["status"]: v for f in snapshot(metrics.registry)
               for n, lab, v in f.samples if n == "specray:http_requests_total"}
     assert counts == {"/v1/models/{name} 200": 2, "/v1/completions 413": 1, "other 404": 1, "/v1/completions 401": 1,

@@ -1,0 +1,111 @@
+"""From an external request to what the engine takes: a prompt and its ``SamplingParams``.
+
+Every edge names its fields its own way (an OpenAI body, a gRPC message, a batch line, command-line
+flags) and checks what only it has (``n``, ``echo``, ``stream_options``, strict JSON types, ...).
+Then it hands the common fields to this one mapping:
+
+- ``prompt`` (text or token ids) or ``messages`` (chat: ``[{"role", "content"}]``), exactly one;
+- the sampling fields (``SAMPLING_FIELDS``), where None means "not given": SamplingParams' default
+  applies, and ``max_tokens`` gets the edge's own default (the context, a ``--max-tokens`` flag).
+
+A bad value raises ``RequestError``, a ValueError whose message names the field and the value (the
+request style of ``cluster.validation``) and whose ``field`` is OpenAI's ``param``; each edge turns it
+into its own answer (HTTP 400, a gRPC status, an error line, exit code 2).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from actors.sampling_params import SamplingParams
+from cluster.validation import REQUEST, first_field, format_validation_error
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "spec_tokens",
+                   "logprobs")
+
+Prompt = str | list[int] | list[dict]
+
+
+class RequestError(ValueError):
+    """A bad request field: the message names it and its value, ``field`` is the field's name."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+    @classmethod
+    def from_validation(cls, err: ValidationError) -> RequestError:
+        return cls(format_validation_error(err, REQUEST), first_field(err))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What ``LLMEngine.add_request`` takes for one external request."""
+
+    prompt: Prompt
+    params: SamplingParams
+
+    @property
+    def chat(self) -> bool:
+        return is_chat(self.prompt)
+
+    @property
+    def field(self) -> str:
+        """The request field the prompt came from (errors about the prompt name it)."""
+        return "messages" if self.chat else "prompt"
+
+
+def is_chat(prompt: Prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
+def chat_messages(messages: Sequence) -> list[dict]:
+    """``[{"role", "content"}]`` from messages given as mappings or as objects with ``role`` and
+    ``content`` (pydantic models, protobuf messages); mappings keep their other keys."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise RequestError(f"messages={messages!r}: must be a list of {{role, content}} objects", "messages")
+    out = []
+    for m in messages:
+        if isinstance(m, Mapping):
+            out.append(dict(m))
+        elif hasattr(m, "role") and hasattr(m, "content"):
+            out.append({"role": m.role, "content": m.content})
+        else:
+            raise RequestError(f"messages: {m!r} is not a {{role, content}} object", "messages")
+    return out
+
+
+def engine_prompt(fields: Mapping[str, Any]) -> Prompt:
+    """The prompt of ``fields``: exactly one of ``prompt`` (text or token ids) and ``messages``
+    (chat), not empty."""
+    prompt, messages = fields.get("prompt"), fields.get("messages")
+    if (prompt is None) == (messages is None):
+        got = "both" if prompt is not None else "neither"
+        raise RequestError(f"give exactly one of 'prompt' (text) or 'messages' (chat), got {got}", "prompt")
+    if messages is None:
+        if isinstance(prompt, (str, list)) and not prompt:
+            raise RequestError("prompt is empty: give at least one token", "prompt")
+        return prompt  # any other type: the engine's encoder names it
+    if isinstance(messages, (list, tuple)) and not messages:
+        raise RequestError("messages=[]: give at least one message", "messages")
+    return chat_messages(messages)
+
+
+def sampling_params(fields: Mapping[str, Any], default_max_tokens: int) -> SamplingParams:
+    """SamplingParams from the sampling fields of ``fields`` that are given (not None); other keys
+    are ignored. ``max_tokens`` not given: ``default_max_tokens``."""
+    given = {k: fields[k] for k in SAMPLING_FIELDS if fields.get(k) is not None}
+    given.setdefault("max_tokens", default_max_tokens)
+    try:
+        return SamplingParams(**given)
+    except ValidationError as e:
+        raise RequestError.from_validation(e) from None
+
+
+def engine_request(fields: Mapping[str, Any], default_max_tokens: int) -> EngineRequest:
+    """The prompt, then the sampling parameters, of one external request (RequestError on the first
+    bad field)."""
+    return EngineRequest(engine_prompt(fields), sampling_params(fields, default_max_tokens))

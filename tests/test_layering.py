@@ -20,7 +20,6 @@ FORBIDDEN = {
 
 # (file, imported package) -> why it is still there; each entry is debt to remove, never to add to
 KNOWN = {
-    ("cluster/cli.py", "benchmarks"): "`specray bench`/`tune` parsers; benchmarks should register its own subcommands",
     ("cluster/serve_cli.py", "deployments"): "`specray serve` builds the Serve application",
     ("cluster/serve_config_file.py", "deployments"): "the serve config file validates into deployments' ServeArgs",
 }

@@ -25,6 +25,8 @@ from tests.model import Chunk, make_batch, random_ids, random_tables  # noqa: E4
 from tests.model.test_tree_attention import PARENTS, ancestor_mask, tree_depths  # noqa: E402
 from tests.tiny import random_prompts, tiny_engine  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CUDA the same tests run compiled
+
 
 def test_config_cli_and_serve_args_carry_the_backend():
     from cluster.cli import build_parser, engine_config_from_args
@@ -62,7 +64,7 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
 
 @pytest.fixture
 def tiny_model(tiny_target_dir):
-    model = load_model(tiny_target_dir).model
+    model = load_model(tiny_target_dir, dtype=torch.float32, device=DEVICE).model
     yield model
     ab.set_attention_backend(model, "torch")
 
@@ -70,15 +72,25 @@ def tiny_model(tiny_target_dir):
 def test_set_backend_sets_and_resets_the_hooks(tiny_model):
     attn, norm, mlp = (tiny_model.layers[0].self_attn, tiny_model.layers[0].post_attention_layernorm,
                        tiny_model.layers[0].mlp)
-    assert ab.set_attention_backend(tiny_model, "auto") == "torch"  # CPU
+    on_cuda = DEVICE == "cuda"
+    assert ab.set_attention_backend(tiny_model, "auto") == ("triton" if on_cuda else "torch")
+    assert ab.set_attention_backend(tiny_model, "torch") == "torch"
     assert attn.attend is paged_attention and norm.fused_add_norm is None and attn.rope_write_kv is None
     assert ab.set_attention_backend(tiny_model, "triton") == "triton"
     assert attn.attend is ab.triton_paged_attention
-    assert norm.fused_add_norm is None and mlp.fused_act is None  # fused ops: on CUDA by default
+    # fused ops: by default on CUDA only
+    assert (norm.fused_add_norm is not None) == (mlp.fused_act is not None) == on_cuda
     ab.set_attention_backend(tiny_model, "triton", fused_ops=True)
     assert norm.fused_add_norm is not None and mlp.fused_act is not None and attn.rope_write_kv is not None
     ab.set_attention_backend(tiny_model, "torch")
     assert attn.attend is paged_attention and norm.fused_add_norm is None and mlp.fused_act is None
+
+
+def _on_device(batch):
+    for name in ("input_ids", "positions", "slot_mapping", "query_start_loc", "kv_lens", "block_tables"):
+        setattr(batch, name, getattr(batch, name).to(DEVICE))
+    batch.window_masks = [None if w is None else w.to(DEVICE) for w in batch.window_masks]
+    return batch
 
 
 def _mixed_forward(model):
@@ -89,9 +101,11 @@ def _mixed_forward(model):
     tree = Chunk(random_ids(len(PARENTS), 256, 4), 21, t[1], positions=[21 + d for d in tree_depths(PARENTS)],
                  window=ancestor_mask(PARENTS))
     with torch.inference_mode():
-        first = model(make_batch([Chunk(random_ids(17, 256, 1), 0, t[0]), Chunk(random_ids(21, 256, 2), 0, t[1]),
-                                  Chunk(random_ids(9, 256, 3), 0, t[2])], bs), kv)
-        second = model(make_batch([Chunk([5], 17, t[0]), tree, Chunk(random_ids(12, 256, 5), 9, t[2])], bs), kv)
+        first = model(_on_device(make_batch([Chunk(random_ids(17, 256, 1), 0, t[0]),
+                                             Chunk(random_ids(21, 256, 2), 0, t[1]),
+                                             Chunk(random_ids(9, 256, 3), 0, t[2])], bs)), kv)
+        second = model(_on_device(make_batch([Chunk([5], 17, t[0]), tree, Chunk(random_ids(12, 256, 5), 9, t[2])],
+                                             bs)), kv)
     return torch.cat([first, second])
 
 
@@ -120,7 +134,7 @@ def test_engine_greedy_output_is_identical(spec, tiny_target_dir):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        eng = tiny_engine(tiny_target_dir, attention_backend=backend, **spec)
+        eng = tiny_engine(tiny_target_dir, attention_backend=backend, device=DEVICE, **spec)
         attn = eng.verifier.model.layers[0].self_attn.attend
         assert attn is (ab.triton_paged_attention if backend == "triton" else paged_attention)
         outs[backend] = eng.generate(prompts, params)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # the only way to shorten it after joining
 
 from actors.model.attention import copy_kv_slots
+from actors.model.attention_backends import set_attention_backend
 from actors.model.layers import TPContext
 from actors.shard_protocol import (HEADER_LEN, OP_FORWARD, OP_NOOP, OP_STOP, StepCommand, check_command, header,
                                    pack_forward, payload_len, unpack_forward)
@@ -44,6 +45,7 @@ class ShardSpec:
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int = 1  # torch threads per rank: the cores a rank owns
+    attention_backend: str = "auto"  # auto | torch | triton (actors.model.attention_backends)
     timeout_s: float = 60.0  # bound on every step's collectives and answers
     start_timeout_s: float = 300.0  # bound on actor start, rendezvous and loading the shards
 
@@ -99,6 +101,7 @@ class VerifierShard:
 
         dtype = _DTYPES[self.spec.dtype]
         loaded = load_model(self.spec.model, dtype=dtype, device=self.device, tp=tp)
+        set_attention_backend(loaded.model, self.spec.attention_backend, self.device)
         self.verifier = Verifier(loaded.model, self.spec.num_blocks, self.spec.block_size, self.device, dtype)
         self.num_layers = loaded.config.num_layers
         self.vocab_size = loaded.config.vocab_size

@@ -43,6 +43,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"),
+                   help="attention kernels: triton (paged KV read in place) or torch; auto = triton on CUDA")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="recompute every prompt (benchmarks that must not reuse earlier runs' prompts)")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
@@ -108,6 +110,7 @@ def engine_config_from_args(args):
         block_size=args.block_size, num_threads=args.threads, speculative=spec,
         enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
         draft_overlap_micro_batches=args.draft_overlap,
+        attention_backend=getattr(args, "attention_backend", "auto"),
     )
 
 

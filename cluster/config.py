@@ -145,6 +145,9 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=16)
     enable_prefix_caching: bool = True
     num_threads: int | None = Field(None, ge=1)
+    # attention (and fused small ops) of the target: Triton kernels over the paged KV cache, or the
+    # pure-torch reference; auto = triton on CUDA, torch on CPU (actors/model/attention_backends.py)
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     # >1: split each step into micro-batches so drafter workers draft one while the target verifies
     # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.

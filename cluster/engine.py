@@ -15,6 +15,7 @@ import torch
 
 from actors.kv_service import KVService
 from actors.logprobs import record_logprobs
+from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
 from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
 from actors.sampling_params import SamplingParams
@@ -52,6 +53,8 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         loaded = loaded or load_model(config.model, dtype=self.dtype, device=self.device)
+        if verifier is None:  # set on every engine: tests share one loaded model between engines
+            set_attention_backend(loaded.model, config.attention_backend, self.device)
         if loaded.tokenizer is None:
             raise ValueError(f"model {config.model!r} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
         self.loaded = loaded
@@ -86,7 +89,7 @@ class LLMEngine:
     def proposer_context(self) -> ProposerContext:
         """What a proposer may use of this engine's target (built before the proposer)."""
         return ProposerContext(self.config.model, self.verifier, self.tokenizer, self.device, self.dtype,
-                               self.config.block_size)
+                               self.config.block_size, self.config.attention_backend)
 
     def set_draft_overlap(self, num_micro_batches: int | None):
         """Verify each step in ``num_micro_batches`` parts whose drafts overlap (cluster/overlap.py;

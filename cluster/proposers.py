@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
 from actors.proposers.combined import FallbackProposer
 from actors.proposers.model_draft import DraftModelProposer, LayerSkipProposer
@@ -45,6 +46,7 @@ def _build_method(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=No
 
         draft = draft_loaded or load_model(spec.draft_model, dtype=ctx.dtype, device=ctx.device)
         check_tokenizers_compatible(ctx.tokenizer, draft.tokenizer, ctx.model, spec.draft_model)
+        set_attention_backend(draft.model, ctx.attention_backend, ctx.device)
         runner = Verifier(draft.model, ctx.verifier.num_blocks, ctx.block_size, ctx.device, ctx.dtype)
         return DraftModelProposer(runner)
     if spec.method == "eagle":

@@ -26,7 +26,8 @@ def build_verifier_group(config: EngineConfig, meta, opts):
     topo = ReplicaTopology(tp_size=opts.tp, num_drafters=opts.drafters, use_gpu=device.type == "cuda")
     pg = create_placement_group(topo, timeout_s=opts.timeout_s)
     group = ShardGroup.create(config.model, opts.tp, num_blocks, config.block_size, topology=topo,
-                              placement_group=pg, dtype=_DTYPE_NAMES[str(dtype)], device=str(device))
+                              placement_group=pg, dtype=_DTYPE_NAMES[str(dtype)], device=str(device),
+                              attention_backend=config.attention_backend)
     group.replica_placement_group = pg  # drafters are placed on its later bundles
     group.replica_topology = topo
     return group
@@ -48,7 +49,8 @@ def build_proposer_for(config: EngineConfig, verifier, meta, opts):
     if not spec.enabled:
         return None
     device, dtype = resolve_device_dtype(config.device, config.dtype)
-    ctx = ProposerContext(config.model, verifier, meta.tokenizer, device, dtype, config.block_size)
+    ctx = ProposerContext(config.model, verifier, meta.tokenizer, device, dtype, config.block_size,
+                          config.attention_backend)
     try:
         if opts.drafters > 0 and spec.method in ("ngram", "draft"):
             return _remote_proposer(spec, ctx, opts)

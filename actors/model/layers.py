@@ -112,6 +112,8 @@ def _divide(n: int, d: int, what: str) -> int:
 # ---------------------------------------------------------------- norm, rotary, activation
 
 class RMSNorm(nn.Module):
+    fused_add_norm = None  # (x, residual, weight, eps) -> (normed, sum); set by attention_backends
+
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()
         self.eps = eps
@@ -128,6 +130,8 @@ class RMSNorm(nn.Module):
         (norm(x + residual), x + residual), reusing x's storage for the sum."""
         if residual is None:
             return self._norm(x)
+        if self.fused_add_norm is not None:
+            return self.fused_add_norm(x, residual, self.weight, self.eps)
         x = x.add_(residual)
         return self._norm(x), x
 
@@ -378,6 +382,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 class SwiGLUMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate/up fused into one column-parallel matmul."""
 
+    fused_act = None  # [N, 2I] -> [N, I] silu-and-mul kernel; set by attention_backends
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
                  tp: TPContext = _SINGLE, dtype: torch.dtype | None = None):
         super().__init__()
@@ -385,5 +391,7 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
+        if self.fused_act is not None:
+            return self.down_proj(self.fused_act(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))

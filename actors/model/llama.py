@@ -41,6 +41,9 @@ _STACKED = (
 
 
 class LlamaAttention(nn.Module):
+    attend = staticmethod(paged_attention)  # the attention backend (actors.model.attention_backends)
+    rope_write_kv = None  # fused RoPE + KV write (qkv, cos, sin, slots, k_cache, v_cache, h, kvh) -> q
+
     def __init__(self, config: ModelConfig, tp: TPContext, dtype: torch.dtype):
         super().__init__()
         self.qkv_proj = QKVParallelLinear(config, tp, dtype)
@@ -54,11 +57,14 @@ class LlamaAttention(nn.Module):
         """x [N, H] -> [N, H]; writes this step's K/V at batch.slot_mapping first."""
         n, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
+        if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
+            q = self.rope_write_kv(qkv, *rope, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
+            return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
         qk = apply_rotary(qkv[:, : (h + kvh) * d].view(n, h + kvh, d), *rope)  # q and k rotated together
         q, k = qk.split((h, kvh), dim=1)
         v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
         write_kv(kv_cache[0], kv_cache[1], k, v, batch.slot_mapping)
-        out = paged_attention(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
+        out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
         return self.o_proj(out.reshape(n, h * d))
 
 

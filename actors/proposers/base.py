@@ -29,7 +29,8 @@ from actors.tree import TokenTree
 class ProposerContext:
     """What building a proposer may use of the target side: its name, its runner (a ``Verifier`` or a
     TP shard group with the same interface: layer skip and the EAGLE head use its weights, a draft
-    model sizes its own cache from it), its tokenizer, device, dtype and KV block size."""
+    model sizes its own cache from it), its tokenizer, device, dtype, KV block size and attention
+    backend (a draft model runs the target's: actors.model.attention_backends)."""
 
     model: str
     verifier: Any
@@ -37,6 +38,7 @@ class ProposerContext:
     device: torch.device
     dtype: torch.dtype
     block_size: int
+    attention_backend: str = "auto"
 
 
 @dataclass(slots=True)

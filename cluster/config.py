@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from actors.tree import expansion_num_nodes, parse_expansion
+from cluster.spec_guard import FallbackGuardConfig
 
 DEFAULT_MODEL = "smollm2-135m"
 # EAGLE drafts grow a dynamic tree of this width, capped at this many nodes, unless told otherwise:
@@ -50,6 +51,8 @@ class SpeculativeConfig(BaseModel):
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
     adaptive: bool = True
+    # Speculation off for a cool-down while its measured gain stays below 1.0 (cluster/spec_guard.py).
+    fallback_guard: FallbackGuardConfig = Field(default_factory=FallbackGuardConfig)
 
     @field_validator("tree", mode="before")
     @classmethod

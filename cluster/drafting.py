@@ -2,9 +2,9 @@
 
 Per step, in the engine's order:
 - ``begin_step``, then ``budgets(running)``: draft-node slots the scheduler reserves per decoding
-  sequence (the policy may reserve none, e.g. while prefill is pending); ``max_depth_for`` turns
-  speculation off while the fallback guard (cluster/spec_guard.py) is tripped or wants a plain
-  step to measure;
+  sequence (the policy may reserve none, e.g. while prefill is pending); ``max_depth_for`` caps a
+  sequence's depth by its traffic class (cluster/traffic.py) and turns speculation off while the
+  fallback guard (cluster/spec_guard.py) is tripped or wants a plain step to measure;
 - ``propose(scheduled)``: the draft requests (each sequence's expansion, cut to the depth the
   policy chooses), the proposer's trees, only well-formed ones kept; a failing proposer means this
   step decodes without speculation (``requests``/``accept``/``failed`` are the same steps one at a
@@ -31,6 +31,7 @@ from actors.tree import TokenTree, expansion_num_nodes
 from actors.verifier import SeqChunk
 from cluster.config import SpeculativeConfig
 from cluster.spec_guard import SpecGuard, StepYield
+from cluster.traffic import match
 
 log = logging.getLogger("specray.engine")
 
@@ -86,10 +87,14 @@ class DraftPlanner:
 
     def max_depth_for(self, seq: Sequence, num_running: int) -> int | None:
         """The cap on ``seq``'s draft depth this step with ``num_running`` sequences running: 0 while
-        the guard holds speculation off (None: as configured). A request that fixed its own K keeps it."""
+        the guard holds speculation off, else its traffic class's (None: as configured). A request
+        that fixed its own K keeps it."""
         if seq.params.spec_tokens is not None:
             return None
-        return 0 if self.plain_step else None
+        if self.plain_step:
+            return 0
+        cls = match(self.spec.traffic_classes, seq.params.max_tokens, seq.params.temperature, num_running)
+        return None if cls is None else cls.max_depth
 
     def _cap(self, seq: Sequence) -> int | None:
         if seq.seq_id not in self.caps:

@@ -27,6 +27,11 @@ class AsyncLLMEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="specray-engine", daemon=True)
         self._thread.start()
+        engine.metrics.watch_engine_loop(self.alive)  # specray:engine_up
+
+    def alive(self) -> bool:
+        """The step loop runs: not shut down, and its thread has not died."""
+        return not self._stopped and self._thread.is_alive()
 
     async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:

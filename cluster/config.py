@@ -6,6 +6,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.tree import expansion_num_nodes, parse_expansion
+from cluster.spec_guard import FallbackGuardConfig
+from cluster.traffic import TrafficClasses
 
 DEFAULT_MODEL = "smollm2-135m"
 # EAGLE drafts grow a dynamic tree of this width, capped at this many nodes, unless told otherwise:
@@ -50,6 +52,11 @@ class SpeculativeConfig(BaseModel):
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
     adaptive: bool = True
+    # Per-request rules on top of that: the first class a request matches (by max_tokens, temperature,
+    # running sequences) turns its speculation on, off or caps its K (cluster/traffic.py).
+    traffic_classes: TrafficClasses = Field(default_factory=list)
+    # Speculation off for a cool-down while its measured gain stays below 1.0 (cluster/spec_guard.py).
+    fallback_guard: FallbackGuardConfig = Field(default_factory=FallbackGuardConfig)
 
     @field_validator("tree", mode="before")
     @classmethod

@@ -2,13 +2,16 @@
 
 Per step, in the engine's order:
 - ``begin_step``, then ``budgets(running)``: draft-node slots the scheduler reserves per decoding
-  sequence (the policy may reserve none, e.g. while prefill is pending);
+  sequence (the policy may reserve none, e.g. while prefill is pending); ``max_depth_for`` caps a
+  sequence's depth by its traffic class (cluster/traffic.py) and turns speculation off while the
+  fallback guard (cluster/spec_guard.py) is tripped or wants a plain step to measure;
 - ``propose(scheduled)``: the draft requests (each sequence's expansion, cut to the depth the
   policy chooses), the proposer's trees, only well-formed ones kept; a failing proposer means this
   step decodes without speculation (``requests``/``accept``/``failed`` are the same steps one at a
   time, for the overlapped step in cluster/overlap.py);
 - after verification: ``record`` each sequence's accepted length, ``observe_features`` hands a
-  feature-reading proposer (EAGLE) what was committed, ``learn`` feeds the policy's cost tables;
+  feature-reading proposer (EAGLE) what was committed, ``learn`` feeds the policy's cost tables,
+  ``measure`` sums up what the step's decoding sequences produced (metrics, the guard);
 - ``release`` when a sequence finishes, is aborted or preempted; ``on_idle`` when nothing runs.
 The draft source of a sequence (the proposer's kind of draft now: lookup after an n-token match,
 the head, ...) is looked up once per step, so scheduling, depth choice and learning agree.
@@ -27,6 +30,8 @@ from actors.spec_policy import DecodeSlot, SpecPolicy
 from actors.tree import TokenTree, expansion_num_nodes
 from actors.verifier import SeqChunk
 from cluster.config import SpeculativeConfig
+from cluster.spec_guard import SpecGuard, StepYield
+from cluster.traffic import match
 
 log = logging.getLogger("specray.engine")
 
@@ -41,6 +46,9 @@ class DraftPlanner:
         self.sources: dict[tuple[int, int], str | None] = {}  # (seq_id, num_tokens) -> draft source
         self.hold = False  # this step, the policy's sequences draft nothing (a prefill is pending)
         self.num_failures = 0
+        self.guard = SpecGuard(spec.fallback_guard) if proposer is not None else None
+        self.plain_step = False  # this step, no sequence drafts unless it fixed its own K (the guard)
+        self.caps: dict[int, int | None] = {}  # seq_id -> depth cap this step (None: as configured)
 
     @property
     def max_depth(self) -> int:
@@ -55,7 +63,9 @@ class DraftPlanner:
     def begin_step(self) -> None:
         """Before scheduling: a new step's draft sources; with a policy, its step count and whether
         the policy's sequences hold their drafts this step (``drafts_would_shrink_prefill``)."""
-        self.sources = {}
+        self.sources, self.caps = {}, {}
+        guard = self.guard
+        self.plain_step = guard is not None and (not guard.allows_speculation() or guard.take_probe())
         if self.policy is None:
             return
         self.policy.begin_step()
@@ -71,9 +81,29 @@ class DraftPlanner:
         """seq_id -> draft-node slots to reserve, for the decoding sequences among ``running``."""
         if self.proposer is None:
             return {}
-        return {s.seq_id: self._budget(s) for s in running if s.num_uncomputed == 1}
+        decoding = [s for s in running if s.num_uncomputed == 1]
+        self.caps = {s.seq_id: self.max_depth_for(s, len(running)) for s in decoding}
+        return {s.seq_id: self._budget(s) for s in decoding}
+
+    def max_depth_for(self, seq: Sequence, num_running: int) -> int | None:
+        """The cap on ``seq``'s draft depth this step with ``num_running`` sequences running: 0 while
+        the guard holds speculation off, else its traffic class's (None: as configured). A request
+        that fixed its own K keeps it."""
+        if seq.params.spec_tokens is not None:
+            return None
+        if self.plain_step:
+            return 0
+        cls = match(self.spec.traffic_classes, seq.params.max_tokens, seq.params.temperature, num_running)
+        return None if cls is None else cls.max_depth
+
+    def _cap(self, seq: Sequence) -> int | None:
+        if seq.seq_id not in self.caps:
+            self.caps[seq.seq_id] = self.max_depth_for(seq, len(self.scheduler.running))
+        return self.caps[seq.seq_id]
 
     def _budget(self, seq: Sequence) -> int:
+        if self._cap(seq) == 0:
+            return 0
         free = self.policy is not None and seq.params.spec_tokens is None
         if free and (self.hold or not self.policy.reserve(seq.seq_id, self.source(seq))):
             return 0
@@ -166,6 +196,24 @@ class DraftPlanner:
                 self.proposer.observe(seq.seq_id, n0, hidden[start + torch.tensor(rows)])
             start += len(chunk.token_ids)
 
+    def measure(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], computed: dict[int, int],
+                seconds: float) -> StepYield:
+        """What ``part``'s decoding sequences produced this step (call after commit; computed:
+        seq_id -> num_computed before the step; seconds: drafting + forward + verification), as
+        the guard accounts it (``plain_equiv_s`` set where it has a baseline)."""
+        y = StepYield(decode_only=all(s.is_decode for s in part), seconds=seconds)
+        for s in part:
+            if not s.is_decode:
+                continue
+            tree = trees.get(s.seq.seq_id)
+            if tree is not None and tree.size > 1:
+                y.drafted_seqs += 1
+                y.drafted_tokens += s.seq.num_computed - computed[s.seq.seq_id]
+                y.chosen = y.chosen or s.seq.params.spec_tokens is None
+            else:
+                y.plain_seqs += 1
+        return self.guard.observe(y) if self.guard is not None else y
+
     def release(self, seq: Sequence) -> None:
         if self.proposer is not None:
             self.proposer.release(seq.seq_id)
@@ -191,7 +239,7 @@ class DraftPlanner:
 
     def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
         k = seq.params.spec_tokens
-        exp = [1] * k if k is not None else self.spec.expansion
+        exp = [1] * k if k is not None else self.spec.expansion[: self._cap(seq)]
         exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
         while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
             exp = exp[:-1]

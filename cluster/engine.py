@@ -76,7 +76,7 @@ class LLMEngine:
         policy = (spec_policy or SpecPolicy(len(spec.expansion))) if proposer is not None and spec.adaptive else None
         self.drafting = DraftPlanner(spec, proposer, policy, self.scheduler, self.max_model_len)
         self.metrics = metrics or EngineMetrics()
-        self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth)
+        self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth, self.drafting.guard)
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
@@ -190,7 +190,8 @@ class LLMEngine:
         if hidden is not None:
             self.drafting.observe_features(part, chunks, trees, computed, hidden)
         verify_s = _now() - t1
-        self.metrics.observe_step(draft_s, verify_s)
+        step = self.drafting.measure(part, trees, computed, (draft_s or 0.0) + verify_s)
+        self.metrics.observe_step(draft_s, verify_s, step)
         depth = max((t.max_depth for t in trees.values()), default=0)
         self.drafting.learn(part, chunks, len(trees), depth, draft_s, verify_s, drafted)
         return True

@@ -9,6 +9,23 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   first draft token); acceptance rate = accepted / draft tokens, mean accepted length
   = 1 + accepted / drafts;
 - per-step histograms: proposer time, and target forward + verification time;
+- speculation health that fits trees and adaptive depth (where the per-node acceptance rate is low
+  by design while speculation pays), counted per step:
+  ``spec_decode_num_decode_steps{drafted}``: decoding sequences per verification step, summed (one
+  per sequence and step; drafted="true" when it verified at least one draft token), and
+  ``spec_decode_num_decode_tokens{drafted}``: the tokens those produced (accepted drafts + 1 each).
+  Tokens per decode step = tokens / steps (1.0 while nothing drafts; drafted="true" alone: tokens
+  per speculative step). ``spec_decode_measured_seconds``: seconds of speculative decode steps
+  (no prefill chunk, some draft; drafting + forward + verification) that have a plain-decoding
+  baseline, ``spec_decode_plain_equivalent_seconds``: what plain decoding would have needed for
+  their tokens (cluster/spec_guard.py). Estimated speedup of speculation =
+  plain-equivalent seconds / measured seconds over any window (rate() both);
+- the fallback guard (cluster/spec_guard.py): ``spec_decode_estimated_speedup``, the speedup of
+  its last judged window (absent until one was judged; the mean over replicas when merged),
+  ``spec_decode_guard_tripped`` (1 while it holds speculation off; merged: replicas tripped) and
+  ``spec_decode_guard_trips`` (times it tripped);
+- ``engine_up``: 1 while the engine's step loop runs (cluster/async_engine.py; an engine without a
+  loop reports 1); merged: replicas whose engine runs;
 - per-request histograms, recorded once when a request finishes: TTFT, TPOT (the request's mean
   time per output token after the first, (e2e - ttft) / (n - 1), for n >= 2 output tokens) and
   E2E latency; finished requests by reason; prompt tokens (at finish) and generation tokens (as
@@ -25,13 +42,13 @@ neither does per-token work.
 
 Aggregation: ``snapshot`` turns a registry into plain picklable tuples, ``merge_snapshots`` sums
 several (counters, histogram buckets/sum/count and count-like gauges; the KV usage ratio is
-recomputed from the summed used/total blocks) and ``render`` writes Prometheus text from a
+recomputed from the summed used/total blocks, the estimated speedup averaged) and ``render`` writes Prometheus text from a
 snapshot. ``deployments.metrics_hub`` uses them to show every replica's totals on any replica.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -39,12 +56,15 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 if TYPE_CHECKING:
     from cluster.outputs import RequestOutput
+    from cluster.spec_guard import SpecGuard, StepYield
 
 log = logging.getLogger("specray.metrics")
 
 P = "specray:"
 FINISH_REASONS = ("stop", "length", "abort", "error")
 KV_USED, KV_TOTAL, KV_USAGE = P + "kv_blocks_used", P + "kv_blocks_total", P + "kv_cache_usage_perc"
+SPEEDUP = P + "spec_decode_estimated_speedup"
+MEAN_GAUGES = (SPEEDUP,)  # merged as the mean over the replicas that report them (ratios do not sum)
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -73,6 +93,21 @@ class EngineMetrics:
         self.verify_seconds = Histogram(P + "spec_decode_verify_seconds",
                                         "Target forward + verification time per step", buckets=_STEP_BUCKETS,
                                         registry=r)
+        self.decode_steps = Counter(P + "spec_decode_num_decode_steps",
+                                    "Decoding sequences per verification step, summed (drafted: verified a draft)",
+                                    ["drafted"], registry=r)
+        self.decode_tokens = Counter(P + "spec_decode_num_decode_tokens",
+                                     "Tokens those sequence-steps produced (accepted drafts + 1 each)",
+                                     ["drafted"], registry=r)
+        self.measured_seconds = Counter(P + "spec_decode_measured_seconds",
+                                        "Seconds of speculative decode steps with a plain-decoding baseline",
+                                        registry=r)
+        self.plain_equivalent_seconds = Counter(P + "spec_decode_plain_equivalent_seconds",
+                                                "Estimated seconds plain decoding would need for those steps' tokens",
+                                                registry=r)
+        for drafted in ("true", "false"):
+            self.decode_steps.labels(drafted=drafted)
+            self.decode_tokens.labels(drafted=drafted)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token per request",
                               buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram(P + "time_per_output_token_seconds",
@@ -91,19 +126,35 @@ class EngineMetrics:
         self._state = _EngineStateCollector()
         r.register(self._state)
 
-    def watch(self, scheduler, kv, num_positions: int) -> None:
-        """Read gauges from ``scheduler`` (running / waiting queues) and ``kv`` (``stats()``) at
-        scrape time; show per-position acceptance for positions 0..num_positions-1 from the start."""
-        self._state.scheduler, self._state.kv = scheduler, kv
+    def watch(self, scheduler, kv, num_positions: int, guard: SpecGuard | None = None) -> None:
+        """Read gauges from ``scheduler`` (running / waiting queues), ``kv`` (``stats()``) and the
+        fallback ``guard`` (if any) at scrape time; show per-position acceptance for positions
+        0..num_positions-1 from the start."""
+        self._state.scheduler, self._state.kv, self._state.guard = scheduler, kv, guard
         for i in range(num_positions):
             self.accepted_per_pos.labels(position=str(i))
 
+    def watch_engine_loop(self, alive: Callable[[], bool]) -> None:
+        """``engine_up`` reads ``alive()`` at scrape time (the step loop that runs this engine)."""
+        self._state.alive = alive
+
     # ---- engine hooks -----------------------------------------------------------------------
-    def observe_step(self, draft_s: float | None, verify_s: float) -> None:
-        """One engine step: proposer time (None: nothing was drafted) and forward + verification."""
+    def observe_step(self, draft_s: float | None, verify_s: float, step: StepYield | None = None) -> None:
+        """One engine step: proposer time (None: nothing was drafted), forward + verification, and
+        what its decoding sequences produced."""
         if draft_s is not None:
             self.draft_seconds.observe(draft_s)
         self.verify_seconds.observe(verify_s)
+        if step is None:
+            return
+        for drafted, seqs, tokens in (("true", step.drafted_seqs, step.drafted_tokens),
+                                      ("false", step.plain_seqs, step.plain_seqs)):
+            if seqs:
+                self.decode_steps.labels(drafted=drafted).inc(seqs)
+                self.decode_tokens.labels(drafted=drafted).inc(tokens)
+        if step.plain_equiv_s is not None:
+            self.measured_seconds.inc(step.seconds)
+            self.plain_equivalent_seconds.inc(step.plain_equiv_s)
 
     def record_output(self, out: RequestOutput) -> None:
         """Every output the engine emits, exactly once (a finished request's last one included)."""
@@ -141,6 +192,8 @@ class _EngineStateCollector:
     def __init__(self) -> None:
         self.scheduler = None
         self.kv = None
+        self.guard: SpecGuard | None = None
+        self.alive: Callable[[], bool] | None = None
 
     def collect(self) -> Iterable[Metric]:
         s = self.scheduler
@@ -148,6 +201,9 @@ class _EngineStateCollector:
                                 value=len(s.running) if s is not None else 0)
         yield GaugeMetricFamily(P + "num_requests_waiting", "Requests waiting to be admitted",
                                 value=len(s.waiting) if s is not None else 0)
+        yield GaugeMetricFamily(P + "engine_up", "1 while the engine's step loop runs",
+                                value=1.0 if self.alive is None or self.alive() else 0.0)
+        yield from self._guard_metrics()
         stats = self._kv_stats()
         if stats is None:
             return
@@ -160,6 +216,16 @@ class _EngineStateCollector:
                                   value=stats["prefix_queries"])
         yield CounterMetricFamily(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache",
                                   value=stats["prefix_hits"])
+
+    def _guard_metrics(self) -> Iterable[Metric]:
+        g = self.guard
+        yield GaugeMetricFamily(P + "spec_decode_guard_tripped", "1 while the fallback guard holds speculation off",
+                                value=1.0 if g is not None and g.tripped else 0.0)
+        yield CounterMetricFamily(P + "spec_decode_guard_trips", "Times the fallback guard turned speculation off",
+                                  value=g.num_trips if g is not None else 0)
+        if g is not None and g.last_speedup is not None:
+            yield GaugeMetricFamily(SPEEDUP, "Estimated speedup of speculation over plain decoding, last judged window",
+                                    value=g.last_speedup)
 
     def _kv_stats(self) -> dict | None:
         if self.kv is None:
@@ -196,8 +262,10 @@ def snapshot(registry) -> Snapshot:
 def merge_snapshots(live: Iterable[Snapshot], retired: Iterable[Snapshot] = ()) -> Snapshot:
     """Sum snapshots sample by sample. ``retired`` ones (replicas that left) contribute their
     counters and histograms only, so totals never go backwards; their gauges are gone with them.
-    The KV usage ratio is recomputed from the summed used and total blocks."""
+    The KV usage ratio is recomputed from the summed used and total blocks; ``MEAN_GAUGES`` are
+    averaged over the snapshots that report them."""
     acc: dict[str, tuple[str, str, dict]] = {}
+    reports: dict[tuple, int] = {}  # (family, sample, labels) of MEAN_GAUGES -> snapshots reporting it
     for snaps, with_gauges in ((live, True), (retired, False)):
         for snap in snaps:
             for fam in snap:
@@ -206,6 +274,10 @@ def merge_snapshots(live: Iterable[Snapshot], retired: Iterable[Snapshot] = ()) 
                 _, _, values = acc.setdefault(fam.name, (fam.type, fam.documentation, {}))
                 for name, labels, value in fam.samples:
                     values[(name, labels)] = values.get((name, labels), 0.0) + value
+                    if fam.name in MEAN_GAUGES:
+                        reports[(fam.name, name, labels)] = reports.get((fam.name, name, labels), 0) + 1
+    for (fam_name, name, labels), n in reports.items():
+        acc[fam_name][2][(name, labels)] /= n
     if KV_USAGE in acc:
         used, total = (_single(acc, n) for n in (KV_USED, KV_TOTAL))
         acc[KV_USAGE][2].clear()

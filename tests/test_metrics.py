@@ -349,6 +349,11 @@ def test_metrics_endpoint_shows_totals_of_all_replicas(two_replicas):
     assert _total(scrape, "http_requests_total", route="/v1/completions", status="404") == 1
     assert _total(scrape, "http_requests_total", route="/v1/completions", status="401") == 1
     assert _total(scrape, "num_requests_running") == _total(scrape, "num_requests_waiting") == 0
+    assert _total(scrape, "engine_up") == 2  # both replicas' engine loops run
+    # per-step speculation health: every token after the first came from a decode step
+    assert _total(scrape, "spec_decode_num_decode_tokens_total") == 7 * N_REQUESTS
+    assert _total(scrape, "spec_decode_num_decode_steps_total", drafted="true") == sum(s["num_drafts"] for s in spec)
+    assert _total(scrape, "spec_decode_guard_tripped") == 0
     assert _total(scrape, "kv_blocks_total") == 2 * 256
     assert _total(scrape, "kv_cache_usage_perc") == pytest.approx(
         _total(scrape, "kv_blocks_used") / _total(scrape, "kv_blocks_total"))

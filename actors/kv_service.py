@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from actors.kv_allocator import KVBlockAllocator
 
 
+class KVServiceLost(RuntimeError):
+    """The KV service's state is gone (its actor died) and a fresh, empty one took its place: every
+    running sequence must recompute from its committed tokens (the engine re-queues them)."""
+
+
 @dataclass(slots=True)
 class KVEntry:
     seq_id: int

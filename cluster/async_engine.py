@@ -16,6 +16,7 @@ from cluster.outputs import RequestOutput
 
 log = logging.getLogger("specray.async_engine")
 _ids = itertools.count()
+MAX_FAILED_STEPS = 3  # failed engine steps in a row after which the engine counts as down
 
 
 class AsyncLLMEngine:
@@ -25,13 +26,10 @@ class AsyncLLMEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stopped = False
+        self.num_failed_steps = 0  # in a row; MAX_FAILED_STEPS of them and the engine counts as down
         self._thread = threading.Thread(target=self._loop, name="specray-engine", daemon=True)
         self._thread.start()
-        engine.metrics.watch_engine_loop(self.alive)  # specray:engine_up
-
-    def alive(self) -> bool:
-        """The step loop runs: not shut down, and its thread has not died."""
-        return not self._stopped and self._thread.is_alive()
+        engine.metrics.watch_engine_loop(lambda: self.is_running)  # specray:engine_up
 
     async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -63,8 +61,10 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        """The step loop takes requests: not shut down and its thread alive."""
-        return not self._stopped and self._thread.is_alive()
+        """The step loop takes requests: not shut down, its thread alive, and its last steps did not
+        all fail (e.g. a replica whose KV allocator actor is gone for good): a replica whose engine
+        is down fails Serve's health check and is replaced."""
+        return not self._stopped and self._thread.is_alive() and self.num_failed_steps < MAX_FAILED_STEPS
 
     @property
     def tokenizer(self):
@@ -100,9 +100,11 @@ class AsyncLLMEngine:
             try:
                 outs = self.engine.step()
             except Exception as e:  # a broken step must not hang callers
-                log.exception("engine step failed")
+                self.num_failed_steps += 1
+                log.exception("engine step failed (%d in a row)", self.num_failed_steps)
                 self._fail_all(e)
                 continue
+            self.num_failed_steps = 0
             for out in outs:
                 self._deliver(out.request_id, out)
 

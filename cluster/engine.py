@@ -13,7 +13,7 @@ from time import perf_counter as _now
 
 import torch
 
-from actors.kv_service import KVService
+from actors.kv_service import KVService, KVServiceLost
 from actors.logprobs import record_logprobs
 from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
@@ -152,7 +152,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """schedule -> draft -> one target forward -> verify -> commit -> emit the sequences that moved."""
         self.drafting.begin_step()
-        sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
+        try:
+            sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
+        except KVServiceLost:  # a fresh, empty KV service: every running request recomputes
+            log.warning("KV service lost; re-queueing %d running requests", self.scheduler.num_running)
+            self._requeue_all()
+            return []
         for seq in sched.preempted:
             self.drafting.release(seq)
         if not sched.scheduled:
@@ -215,9 +220,14 @@ class LLMEngine:
         except Exception:
             log.exception("verifier restart failed")
             return False
+        self._requeue_all()
+        return True
+
+    def _requeue_all(self) -> None:
+        """The KV cache is gone: every running request goes back to waiting and recomputes from its
+        last committed token (nothing lost, nothing emitted twice)."""
         for seq in self.scheduler.requeue_all():
             self.drafting.release(seq)
-        return True
 
     def _plan_forward(self, scheduled, trees):
         """Per sequence: its chunk, and (first row, row count) of the logits it needs."""

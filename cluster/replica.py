@@ -4,7 +4,8 @@ global KV allocator actor and the drafter workers, and streams tokens out to cal
 streaming generator.
 
 Faults: a dead verifier rank restarts the whole TP group and every in-flight request is re-queued
-from its last committed token (engine.step); a dead drafter degrades to plain decoding and is
+from its last committed token (engine.step); so does a dead KV allocator actor, replaced by a fresh
+one (RemoteKV); a dead drafter degrades to plain decoding and is
 replaced (RemoteProposer); a dead scheduler is restarted by Ray and its callers get a clear
 ``ReplicaLostError`` instead of a hang (RayReplicaClient)."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import ray
 
-from actors.kv_service import KVEntry, KVPlan, Settle
+from actors.kv_service import KVEntry, KVPlan, KVServiceLost, Settle
 from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig, SpeculativeConfig
 
@@ -33,13 +34,26 @@ class RayOptions:
 
 class RemoteKV:
     """KVService client over the allocator actor: one call to plan, one (ordered, not awaited)
-    call to settle per step."""
+    call to settle per step. A dead allocator actor is replaced by a fresh one from ``factory``
+    (at most ``max_restarts`` times) and ``plan`` raises ``KVServiceLost``: the engine then re-queues
+    every running request, which recomputes from its committed tokens (nothing lost)."""
 
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, factory, max_restarts: int = 3):
+        self.factory, self.max_restarts = factory, max_restarts
+        self.handle = factory()
+        self.num_restarts = 0
 
     def plan(self, running: list[KVEntry], waiting: list[KVEntry], max_num_seqs: int, token_budget: int) -> KVPlan:
-        return ray.get(self.handle.plan.remote(running, waiting, max_num_seqs, token_budget))
+        try:
+            return ray.get(self.handle.plan.remote(running, waiting, max_num_seqs, token_budget))
+        except ray.exceptions.RayActorError as e:
+            if self.num_restarts >= self.max_restarts:
+                raise
+            self.num_restarts += 1
+            log.warning("KV allocator actor died (%s); starting a fresh one (restart %d) and re-queueing "
+                        "the running requests", e, self.num_restarts)
+            self.handle = self.factory()
+            raise KVServiceLost(f"KV allocator actor died: {e}") from e
 
     def settle(self, ops: list[Settle]) -> None:
         self.handle.settle.remote(ops)  # actor calls from one caller run in order
@@ -70,7 +84,7 @@ def build_replica_engine(config: EngineConfig, opts: RayOptions):
     meta = load_model_meta(config.model)
     verifier = build_verifier_group(config, meta, opts)
     try:
-        kv = RemoteKV(build_kv_actor(verifier.num_blocks, config, opts))
+        kv = RemoteKV(lambda: build_kv_actor(verifier.num_blocks, config, opts))
         config = config.model_copy(update={"num_kv_blocks": verifier.num_blocks})
         proposer = build_proposer_for(config, verifier, meta, opts)
         if proposer is None:  # speculation off (or its drafter failed with allow_no_spec)
@@ -108,7 +122,7 @@ class SchedulerActor:
         eng = self.engine
         v = eng.verifier
         return {"kv": eng.kv.stats(), "proposer_failures": eng.num_proposer_failures,
-                "verifier_restarts": eng.num_verifier_restarts,
+                "verifier_restarts": eng.num_verifier_restarts, "kv_restarts": eng.kv.num_restarts,
                 "verifier": v.stats() if hasattr(v, "stats") else {},
                 "proposer": eng.proposer.stats() if eng.proposer is not None else {}}
 
@@ -118,6 +132,10 @@ class SchedulerActor:
     def verifier_actors(self) -> list:
         """Handles of the TP ranks (fault-injection tests kill one)."""
         return list(self.engine.verifier.actors)
+
+    def kv_actor(self):
+        """Handle of the replica's KV allocator actor (fault-injection tests kill it)."""
+        return self.engine.kv.handle
 
     def shutdown(self) -> None:
         self.async_engine.shutdown()

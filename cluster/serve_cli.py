@@ -60,6 +60,45 @@ def grpc_usage_text(host: str, port: int, app_name: str = "specray") -> str:
             f"prompt='Hello', max_tokens=32), metadata=[('application', '{app_name}')]).text)\"")
 
 
+def check_models(apps: list) -> None:
+    """A replica's tensor-parallel size must fit its model (heads divisible), found here and not by
+    a replica that fails to start."""
+    from cluster.cli import BadInput
+    from cluster.replica import load_model_meta
+    from cluster.topology import validate_tp
+
+    for a in apps:
+        if a.args is not None and a.args.tensor_parallel_size > 1:
+            try:
+                validate_tp(load_model_meta(a.args.engine.model).config, a.args.tensor_parallel_size,
+                            a.args.engine.model)
+            except ValueError as e:
+                raise BadInput(f"application {a.name!r}: tensor_parallel_size: {e}") from None
+
+
+def check_placement(apps: list, nodes: list[dict], owned: bool) -> None:
+    """Every application's replicas fit the cluster's nodes. On a cluster this command started
+    (nothing will join it) a misfit is an error naming the resources; on a joined cluster, which
+    may autoscale, a warning."""
+    import sys
+
+    from cluster.cli import BadInput
+    from cluster.topology import unplaceable_reason
+
+    for a in apps:
+        if a.args is None:
+            continue
+        replica, group = a.args.replica_resources()
+        reason = unplaceable_reason(replica, group, a.args.min_replicas, nodes)
+        if reason is None:
+            continue
+        text = (f"application {a.name!r} cannot be placed: {reason}; lower tensor_parallel_size, drafters or "
+                "num_cpus, or add resources")
+        if owned:
+            raise BadInput(text)
+        print(f"specray: warning: {text} (unless the cluster scales up)", file=sys.stderr, flush=True)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -82,8 +121,8 @@ def cmd_serve(args) -> int:
     banner = usage_text(args.host, args.port, config.model)
     if args.grpc_port is not None:
         banner += "\n" + grpc_usage_text(args.host, args.grpc_port)
-    app = build_app(ServeArgs(engine=config, num_cpus=args.num_cpus))
-    return serve_until_interrupted(start, [ServeApp("specray", "/", app, config.model)], banner)
+    sargs = ServeArgs(engine=config, num_cpus=args.num_cpus)
+    return serve_until_interrupted(start, [ServeApp("specray", "/", build_app(sargs), config.model, args=sargs)], banner)
 
 
 def _flags_given(args) -> list[str]:
@@ -118,10 +157,12 @@ def serve_until_interrupted(start_options: dict, apps: list, banner: str) -> int
     import ray
     from ray import serve
 
+    check_models(apps)  # before Ray starts
     started = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False, log_to_driver=False)
     try:
+        check_placement(apps, [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], owned=started)
         serve.start(**start_options)
         for a in apps:
             serve.run(a.app, name=a.name, route_prefix=a.route_prefix, **a.run_options)

@@ -147,6 +147,7 @@ class ServeApp:
     app: Any  # ray.serve.Application
     model_name: str
     run_options: dict = field(default_factory=dict)  # logging_config / external_scaler_enabled when set
+    args: Any = None  # its ServeArgs (checked against the cluster before it deploys)
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def _build(path: str | Path, index: int, app_schema, args) -> ServeApp:
         raise ConfigFileError(f"{path}: {loc}={app_schema.import_path!r}: {e}") from None
     run_options = {k: getattr(app_schema, k) for k in ("logging_config", "external_scaler_enabled")
                    if k in app_schema.model_fields_set}
-    return ServeApp(app_schema.name, app_schema.route_prefix, app, args.model_name, run_options)
+    return ServeApp(app_schema.name, app_schema.route_prefix, app, args.model_name, run_options, args)
 
 
 def load_serve_file(path: str | Path) -> ServeFile:

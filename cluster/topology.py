@@ -74,6 +74,26 @@ def _fmt(resources: dict[str, Any]) -> str:
     return " and ".join(f"{resources[k]:g} {k}s" for k in order)
 
 
+def unplaceable_reason(replica: dict[str, float], group: list[dict[str, float]], replicas: int,
+                       nodes: list[dict[str, float]]) -> str | None:
+    """Why ``replicas`` replicas, each an actor of ``replica`` resources plus a STRICT_PACK placement
+    group of ``group`` bundles, cannot be placed on ``nodes`` (each node's total resources), or None.
+    A check before Serve deploys: a replica that cannot be placed otherwise fails only after its
+    placement timeout, deep in Ray's controller log."""
+    need_group = _sum_bundles(group)
+    if group and not any(all(n.get(k, 0) >= v for k, v in need_group.items()) for n in nodes):
+        largest = max(nodes, key=lambda r: (r.get("GPU", 0), r.get("CPU", 0)), default={})
+        return (f"its actors' placement group needs {_fmt(need_group)} in one node (STRICT_PACK), "
+                f"the largest node has {_fmt({k: largest.get(k, 0) for k in need_group})}")
+    per_replica = {k: v for k, v in _sum_bundles([replica, *group]).items() if v}
+    total = {k: v * replicas for k, v in per_replica.items()}
+    have = _sum_bundles(nodes)
+    if any(have.get(k, 0) < v for k, v in total.items()):
+        return (f"{replicas} replica(s) of {_fmt(per_replica)} each need {_fmt(total)}, the cluster has "
+                f"{_fmt({k: have.get(k, 0) for k in total})}")
+    return None
+
+
 def cluster_summary() -> str:
     """e.g. '0 GPUs, 8 CPUs in total; largest node: 8 CPUs' from the live Ray cluster."""
     import ray

@@ -197,12 +197,17 @@ class ChoiceStreams:
                     if out.delta_logprobs:
                         logprobs[i].extend(out.delta_logprobs)
         except RuntimeError as e:
-            raise APIError(503, f"engine unavailable: {e}", code="engine_unavailable") from None
+            raise APIError(503, f"engine unavailable: {e}", code="engine_unavailable", retry_after_s=ENGINE_RETRY_AFTER_S) from None
         return finals, logprobs
 
     async def aclose(self) -> None:
         for g in self.gens:
             await g.aclose()
+
+
+# An engine that failed its requests is replaced by Serve (its health check fails after repeated
+# failed steps, cluster/async_engine.py): clients may come back after a few seconds.
+ENGINE_RETRY_AFTER_S = 5
 
 
 def _first_error(e: BaseException, prompt_field: str) -> BaseException:
@@ -211,7 +216,7 @@ def _first_error(e: BaseException, prompt_field: str) -> BaseException:
         code = "context_length_exceeded" if "context" in msg else None
         return APIError(400, f"{prompt_field}: {msg}", param=prompt_field, code=code)
     if isinstance(e, RuntimeError):
-        return APIError(503, f"engine unavailable: {e}", code="engine_unavailable")
+        return APIError(503, f"engine unavailable: {e}", code="engine_unavailable", retry_after_s=ENGINE_RETRY_AFTER_S)
     return e
 
 

@@ -72,11 +72,41 @@ class ServeArgs(BaseModel):
         return self.tensor_parallel_size > 1 or self.drafters > 0
 
     @model_validator(mode="after")
+    def _check_draft_placement(self):
+        if self.uses_ray_actors and self.engine.speculative.method == "eagle":
+            raise ValueError(f"an EAGLE draft (--draft default / eagle / eagle:PATH / default:PATH) reads the "
+                             f"target's hidden states in the replica's own process: it cannot run with "
+                             f"tensor_parallel_size={self.tensor_parallel_size} / drafters={self.drafters}; use "
+                             f"tensor_parallel_size 1 and drafters 0, or draft with ngram, layerskip:N or a draft model")
+        return self
+
+    @model_validator(mode="after")
     def _check_gpus(self):
         if self.uses_ray_actors and self.num_gpus:
             raise ValueError(f"num_gpus={self.num_gpus} with tensor_parallel_size={self.tensor_parallel_size}/"
                              f"drafters={self.drafters}: the verifier ranks hold the GPUs, leave num_gpus at 0")
         return self
+
+    @property
+    def min_replicas(self) -> int:
+        """Replicas Serve starts at once (autoscaling: its initial or minimum count)."""
+        if self.autoscaling is None:
+            return self.num_replicas
+        a = self.autoscaling
+        return a.initial_replicas if a.initial_replicas is not None else a.min_replicas
+
+    def replica_resources(self) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """(the replica actor's resources, its placement group's bundles: [] in-process)."""
+        replica = {"CPU": self.num_cpus, "GPU": self.num_gpus}
+        if not self.uses_ray_actors:
+            return replica, []
+        from cluster.runtime import resolve_device_dtype
+        from cluster.topology import ReplicaTopology
+
+        device, _ = resolve_device_dtype(self.engine.device, self.engine.dtype)
+        topo = ReplicaTopology(tp_size=self.tensor_parallel_size, num_drafters=self.drafters,
+                               use_gpu=device.type == "cuda")
+        return replica, topo.bundles()
 
     @property
     def model_name(self) -> str:

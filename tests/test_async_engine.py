@@ -76,3 +76,39 @@ def test_bad_request_raises_and_engine_keeps_serving(target_dir):
         assert last.finished and len(last.token_ids) == 4
     finally:
         aeng.shutdown()
+
+
+def test_engine_whose_steps_keep_failing_counts_as_down(target_dir):
+    """Requests of a failed step get the error (no hang); MAX_FAILED_STEPS failures in a row mark the
+    engine down (Serve's health check and specray:engine_up read is_running); a good step clears it."""
+    from cluster.async_engine import MAX_FAILED_STEPS
+
+    eng = tiny_engine(target_dir)
+    step, broken = eng.step, [True]
+
+    def flaky_step():
+        if broken[0]:
+            raise RuntimeError("KV allocator actor died")
+        return step()
+
+    eng.step = flaky_step
+    aeng = AsyncLLMEngine(eng)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    async def one(p):
+        return [o async for o in aeng.generate(p, params)]
+
+    try:
+        for i in range(MAX_FAILED_STEPS):
+            assert aeng.is_running, f"down after only {i} failed steps"
+            with pytest.raises(RuntimeError, match="KV allocator actor died"):
+                asyncio.run(one(random_prompts(1, seed=i)[0]))
+        assert not aeng.is_running
+        from prometheus_client import generate_latest
+
+        assert "specray:engine_up 0.0" in generate_latest(eng.metrics.registry).decode()
+        broken[0] = False
+        outs = asyncio.run(one(random_prompts(1, seed=9)[0]))  # an operator's request still runs
+        assert outs[-1].finished and aeng.is_running
+    finally:
+        aeng.shutdown()

@@ -239,3 +239,41 @@ def test_engine_on_cuda(tiny_target_dir, tiny_draft_dir, tiny_prompts):
             params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
             outs = tiny_engine(tiny_target_dir, device="cuda", **kw).generate(tiny_prompts[:2], params, concurrency=2)
             assert [len(o.token_ids) for o in outs] == [16, 16]
+
+
+class _LosingKV:
+    """A KV service that loses its state once, at the ``lose_at``-th plan: what RemoteKV does when
+    the allocator actor dies (a fresh, empty service, then KVServiceLost)."""
+
+    def __init__(self, kv, lose_at: int):
+        self.kv, self.lose_at, self.num_plans = kv, lose_at, 0
+
+    def plan(self, *args):
+        from actors.kv_service import KVService, KVServiceLost
+
+        self.num_plans += 1
+        if self.num_plans == self.lose_at:
+            a = self.kv.allocator
+            self.kv = KVService(a.num_blocks, a.block_size, a.enable_prefix_caching)
+            raise KVServiceLost("allocator actor died")
+        return self.kv.plan(*args)
+
+    def __getattr__(self, name):  # settle, reset, stats, allocator: the current service's
+        return getattr(self.kv, name)
+
+
+@pytest.mark.parametrize("draft", ["none", "ngram"])
+def test_lost_kv_service_requeues_without_loss(draft, tiny_target_dir, tiny_prompts, tiny_baseline):
+    eng = tiny_engine(tiny_target_dir, draft=draft, k=3)
+    lossy = _LosingKV(eng.kv, lose_at=9)
+    eng.kv = eng.scheduler.kv = lossy
+    streamed: dict[str, list[int]] = {}
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, p in enumerate(tiny_prompts):
+        eng.add_request(f"r{i}", p, params)
+    while eng.has_unfinished():
+        for o in eng.step():
+            streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
+    assert lossy.num_plans > lossy.lose_at, "the service was never lost"
+    assert [streamed[f"r{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or repeated
+    _assert_no_leak(eng)

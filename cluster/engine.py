@@ -119,13 +119,18 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
-                    chat: bool = False) -> Sequence:
-        """prompt: text, chat messages (list of {role, content}) or token ids."""
+                    chat: bool = False, fit_max_tokens: bool = False) -> Sequence:
+        """prompt: text, chat messages (list of {role, content}) or token ids. Generation stops at
+        max_tokens or where the context ends; ``fit_max_tokens``: refuse (ValueError naming the
+        numbers) a prompt that leaves less than max_tokens of the context, as OpenAI does for a
+        request that names max_tokens."""
         params = params or SamplingParams()
         if request_id in self.seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
         ids = self.prompts.encode(prompt, chat)
-        self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size)
+        self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size,
+                                  params.max_tokens if fit_max_tokens else None)
+        self.prompts.check_params(params, self.model_config.vocab_size)
         seq = Sequence(request_id, ids, params)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)

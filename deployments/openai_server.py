@@ -82,8 +82,9 @@ class OpenAIServer:
         prompt, params = req.to_engine(self.max_model_len)
         ticket = await self.admission.admit(len(params))
         rid = new_id("chatcmpl" if chat else "cmpl")
-        try:
-            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt")
+        try:  # a max_tokens the request names must fit the context with the prompt (a 400, not cut short)
+            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt",
+                                                fit_max_tokens=req.requested_max_tokens is not None)
         except BaseException:
             ticket.release()
             raise
@@ -145,10 +146,12 @@ class ChoiceStreams:
         self.firsts: list[RequestOutput] = []
 
     @classmethod
-    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str) -> ChoiceStreams:
+    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str,
+                    fit_max_tokens: bool = False) -> ChoiceStreams:
         """Bad input surfaces here (400 naming ``prompt_field``), before any byte of the answer."""
         ids = [rid] if len(params) == 1 else [f"{rid}-{i}" for i in range(len(params))]
-        self = cls([aeng.generate(prompt, p, request_id=i) for p, i in zip(params, ids)])
+        self = cls([aeng.generate(prompt, p, request_id=i, fit_max_tokens=fit_max_tokens)
+                    for p, i in zip(params, ids)])
         firsts = await asyncio.gather(*(g.__anext__() for g in self.gens), return_exceptions=True)
         errors = [f for f in firsts if isinstance(f, BaseException)]
         if errors:
@@ -206,6 +209,9 @@ class ChoiceStreams:
 
 
 def _first_error(e: BaseException, prompt_field: str) -> BaseException:
+    field = getattr(e, "field", None)  # a RequestError naming another field than the prompt (logit_bias)
+    if isinstance(e, ValueError) and field:
+        return APIError(400, str(e), param=field)
     if isinstance(e, ValueError):
         msg = str(e)
         code = "context_length_exceeded" if "context" in msg else None

@@ -164,3 +164,18 @@ def test_min_tokens_holds_eos_back_also_in_drafts(tiny_target_dir, tiny_prompts)
     for out in eng.generate(tiny_prompts[:2], held):
         assert out.token_ids[-1] == EOS and len(out.token_ids) == 7 and out.finish_reason == "stop"
         assert EOS not in out.token_ids[:-1]
+
+
+def test_engine_checks_logit_bias_ids_and_fit_max_tokens(tiny_target_dir):
+    from cluster.request import RequestError
+
+    eng = tiny_engine(tiny_target_dir, max_model_len=32)
+    with pytest.raises(RequestError, match=r"logit_bias: token id 256 is outside the vocabulary \[0, 256\)") as e:
+        eng.add_request("a", [5, 6], SamplingParams(logit_bias={256: 1}))
+    assert e.value.field == "logit_bias"
+    with pytest.raises(ValueError, match=r"prompt has 20 tokens and max_tokens=13: 33 tokens, more than the "
+                                         r"model's context of 32 tokens; ask for at most max_tokens=12"):
+        eng.add_request("b", list(range(3, 23)), SamplingParams(max_tokens=13), fit_max_tokens=True)
+    eng.add_request("c", list(range(3, 23)), SamplingParams(max_tokens=12), fit_max_tokens=True)
+    eng.add_request("d", list(range(3, 23)), SamplingParams(max_tokens=13))  # stops at the context end
+    assert set(eng.seqs) == {"c", "d"}

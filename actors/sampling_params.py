@@ -67,7 +67,7 @@ class SamplingParams(BaseModel):
     def _min_below_max(cls, v: int, info: ValidationInfo):
         max_tokens = info.data.get("max_tokens")
         if max_tokens is not None and v > max_tokens:
-            raise ValueError(f"min_tokens={v} is more than max_tokens={max_tokens}")
+            raise ValueError(f"must be at most max_tokens={max_tokens}")
         return v
 
     @property

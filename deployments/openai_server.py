@@ -20,7 +20,8 @@ from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
-                                    finish_reason_of, models_response, new_id, stream_chunk, usage_chunk)
+                                    finish_reason_of, models_response, new_id, running_usage, stream_chunk,
+                                    usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -110,9 +111,14 @@ class OpenAIServer:
         choices = gen.choices
         finals = list(choices.firsts)
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
+        streamed = [0] * len(finals)  # tokens per choice so far (continuous usage)
+
+        def usage() -> dict | None:
+            return running_usage(finals[0].num_prompt_tokens, streamed) if req.continuous_usage else None
+
         if chat:
             for i in range(len(finals)):
-                yield sse(stream_chunk(index=i, role=True, **chunk))
+                yield sse(stream_chunk(index=i, role=True, usage=usage(), **chunk))
         try:
             async with aclosing(choices.merged()) as merged:  # closed (tasks stopped) even on break
                 async for i, out in merged:
@@ -128,8 +134,9 @@ class OpenAIServer:
                     elif out.delta_logprobs:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
                     if out.delta_text or out.finished or ids or lp:
+                        streamed[i] = out.num_output_tokens
                         yield sse(stream_chunk(index=i, text=out.delta_text, finish_reason=finish_reason_of(out),
-                                               token_ids=ids, logprobs=lp, **chunk))
+                                               token_ids=ids, logprobs=lp, usage=usage(), **chunk))
         except RuntimeError as e:  # the engine loop failed or stopped under this request
             yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
         if req.include_usage:

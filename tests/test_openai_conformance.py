@@ -351,3 +351,55 @@ def test_raw_json_edge_cases(app):
     nan, bools = _call(app, fn, raw=True)
     assert nan.status_code == 400 and nan.json()["error"]["param"] == "temperature"
     assert bools.status_code == 400 and bools.json()["error"]["param"] == "prompt"
+
+
+# ---- the OpenAPI document declares what the routes answer; 405 says what is allowed -------------
+def _validator(doc: dict, name: str):
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": doc["components"]})
+
+
+def test_openapi_declares_the_real_answers_and_they_validate(app):
+    async def fn(http):
+        doc = (await http.get("/openapi.json")).json()
+        chat = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "logprobs": True,
+                                                             "top_logprobs": 2, "return_token_ids": True})
+        comp = await http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "logprobs": 1})
+        stream = await http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3, "stream": True,
+                                                               "stream_options": {"include_usage": True}})
+        bad = await http.post("/v1/completions", json={"prompt": "x", "tools": []})
+        models, health = await http.get("/v1/models"), await http.get("/health")
+        return doc, chat, comp, stream, bad, models, health
+
+    doc, chat, comp, stream, bad, models, health = _call(app, fn, raw=True)
+    for path, method, body in [("/v1/completions", "post", "Completion"),
+                               ("/v1/chat/completions", "post", "ChatCompletion")]:
+        responses = doc["paths"][path][method]["responses"]
+        assert set(responses) == {"200", "400", "401", "404", "413", "422", "429", "500", "503"}
+        assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{body}")
+        assert "text/event-stream" in responses["200"]["content"]
+        assert responses["429"]["headers"]["Retry-After"] and responses["503"]["headers"]["Retry-After"]
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert "HTTPValidationError" not in json.dumps(doc)
+    _validator(doc, "ChatCompletion").validate(chat.json())
+    _validator(doc, "Completion").validate(comp.json())
+    events = [e.removeprefix("data: ") for e in stream.text.split("\n\n") if e]
+    assert stream.headers["content-type"].startswith("text/event-stream") and events[-1] == "[DONE]"
+    for event in events[:-1]:
+        _validator(doc, "ChatCompletionChunk").validate(json.loads(event))
+    assert bad.status_code == 422  # `tools` is a chat field: on completions it is an unknown one
+    _validator(doc, "ErrorResponse").validate(bad.json())
+    _validator(doc, "ModelList").validate(models.json())
+    _validator(doc, "Health").validate(health.json())
+    with pytest.raises(Exception):  # the schemas are strict: an undeclared key fails
+        _validator(doc, "Completion").validate({**comp.json(), "surprise": 1})
+
+
+def test_405_names_the_allowed_methods(app):
+    async def fn(http):
+        return await http.get("/v1/chat/completions"), await http.delete("/v1/models")
+
+    for r, allowed in zip(_call(app, fn, raw=True), ("POST", "GET")):
+        assert r.status_code == 405 and r.headers["allow"] == allowed
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -1,9 +1,12 @@
 """Per-request sampling parameters, validated once at the edge (pydantic)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's cap for chat top_logprobs)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
 
 
 class SamplingParams(BaseModel):
@@ -13,14 +16,22 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k filter")
     seed: int | None = None
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: int = Field(64, ge=1)  # generation also stops where the context ends (see LLMEngine.add_request)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    # Speculation override for this request: None = engine policy, 0 = off, K = fixed chain length.
+    # Speculation override for this request: None = engine policy, 0 = off, K = chain length.
     spec_tokens: int | None = Field(None, ge=0)
     # Log-probabilities of the emitted tokens (raw target distribution) plus this many alternatives
     # each; None = not computed (no cost).
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # Logits processing (actors.logits_processing), applied to the target's logits of every tree node
+    # given that node's own path, so speculation stays lossless. Neutral values cost nothing.
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI: minus this once per token generated")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI: minus this per time generated")
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False,
+                                      description="vLLM/CTRL: logits of seen tokens divided (> 0) or multiplied by it")
+    logit_bias: tuple[tuple[int, float], ...] = Field((), description="(token id, bias) pairs, from {id: bias}")
+    min_tokens: int = Field(0, ge=0, description="EOS is masked until this many tokens are generated")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -30,6 +41,34 @@ class SamplingParams(BaseModel):
         if isinstance(v, str):
             return (v,)
         return tuple(v)
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, v):
+        """``{token_id: bias}`` (JSON keys are strings: ``{"50256": -100}``) -> sorted pairs."""
+        if v is None:
+            return ()
+        pairs = list(v.items()) if isinstance(v, Mapping) else v
+        if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+            raise ValueError("must be an object {token id: bias}")
+        out = {}
+        for key, bias in pairs:
+            is_id = (isinstance(key, int) and not isinstance(key, bool) and key >= 0) or (
+                isinstance(key, str) and key.strip().isdigit())
+            if not is_id:
+                raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"bias {bias!r} of token {key}: must be a number in [-100, 100]")
+            out[int(key)] = float(bias)
+        return tuple(sorted(out.items()))
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_below_max(cls, v: int, info: ValidationInfo):
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and v > max_tokens:
+            raise ValueError(f"must be at most max_tokens={max_tokens}")
+        return v
 
     @property
     def greedy(self) -> bool:
@@ -41,3 +80,9 @@ class SamplingParams(BaseModel):
         verification needs no draft probabilities and a draft may offer several candidates per
         position (a dynamic tree); unseeded sampling needs independent draws from q (chains)."""
         return self.greedy or self.seed is not None
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logits processing applies (penalties, bias, min_tokens)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)

@@ -32,9 +32,9 @@ class AsyncLLMEngine:
         engine.metrics.watch_engine_loop(lambda: self.is_running)  # specray:engine_up
 
     async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, fit_max_tokens: bool = False) -> AsyncIterator[RequestOutput]:
         """Yields deltas until the final output (``finished=True``). Bad input raises ValueError
-        before anything is queued."""
+        before anything is queued (``fit_max_tokens``: see ``LLMEngine.add_request``)."""
         if self._stopped:
             raise RuntimeError("engine is shut down")
         rid = request_id or f"req-{next(_ids)}"
@@ -42,7 +42,7 @@ class AsyncLLMEngine:
         q: asyncio.Queue = asyncio.Queue()
         done = loop.create_future()
         self._streams[rid] = (loop, q)
-        self._command(("add", rid, prompt, params or SamplingParams(), chat, done))
+        self._command(("add", rid, prompt, params or SamplingParams(), chat, fit_max_tokens, done))
         try:
             await done  # raises the engine's ValueError for bad input
             while True:
@@ -130,10 +130,10 @@ class AsyncLLMEngine:
             else:
                 self._add(*cmd[1:])
 
-    def _add(self, rid, prompt, params, chat, done) -> None:
+    def _add(self, rid, prompt, params, chat, fit_max_tokens, done) -> None:
         loop = self._streams[rid][0] if rid in self._streams else None
         try:
-            self.engine.add_request(rid, prompt, params, chat=chat)
+            self.engine.add_request(rid, prompt, params, chat=chat, fit_max_tokens=fit_max_tokens)
             err = None
         except ValueError as e:
             err = e

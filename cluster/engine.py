@@ -14,6 +14,7 @@ from time import perf_counter as _now
 import torch
 
 from actors.kv_service import KVService, KVServiceLost
+from actors.logits_processing import process_logits
 from actors.logprobs import record_logprobs
 from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
@@ -118,13 +119,18 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
-                    chat: bool = False) -> Sequence:
-        """prompt: text, chat messages (list of {role, content}) or token ids."""
+                    chat: bool = False, fit_max_tokens: bool = False) -> Sequence:
+        """prompt: text, chat messages (list of {role, content}) or token ids. Generation stops at
+        max_tokens or where the context ends; ``fit_max_tokens``: refuse (ValueError naming the
+        numbers) a prompt that leaves less than max_tokens of the context, as OpenAI does for a
+        request that names max_tokens."""
         params = params or SamplingParams()
         if request_id in self.seqs:
             raise ValueError(f"request_id {request_id!r} is already in use")
         ids = self.prompts.encode(prompt, chat)
-        self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size)
+        self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size,
+                                  params.max_tokens if fit_max_tokens else None)
+        self.prompts.check_params(params, self.model_config.vocab_size)
         seq = Sequence(request_id, ids, params)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -252,8 +258,25 @@ class LLMEngine:
             n += len(ids)
         return chunks, rows, spans
 
-    def _verify_and_commit(self, scheduled, trees, spans, logits: torch.Tensor) -> None:
-        """logits: [M, V] rows of _plan_forward. Verify, move accepted K/V, append tokens, settle KV."""
+    def _processed(self, scheduled, trees, spans, logits: torch.Tensor) -> torch.Tensor:
+        """logits [M, V] with each sequence's logits processing (penalties, bias, min_tokens) applied
+        to its rows, each tree node given its own path (actors.logits_processing); the same tensor
+        when no sequence asks for any."""
+        todo = [(s, span) for s, span in zip(scheduled, spans) if span[1] and s.seq.params.processes_logits]
+        if not todo:
+            return logits
+        out = logits.to(torch.float32).clone()
+        for s, (r0, nrows) in todo:
+            seq = s.seq
+            tree = (trees.get(seq.seq_id) if s.is_decode else None) or TokenTree.root(seq.token_ids[-1])
+            out[r0:r0 + nrows] = process_logits(logits[r0:r0 + nrows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
+                                                seq.output_ids, tree.parents, tree.tokens, self.eos_ids)
+        return out
+
+    def _verify_and_commit(self, scheduled, trees, spans, raw: torch.Tensor) -> None:
+        """raw: [M, V] target logits of _plan_forward's rows. Verify (against the processed logits),
+        move accepted K/V, append tokens, settle KV. Logprobs report the raw distribution."""
+        logits = self._processed(scheduled, trees, spans, raw)
         argmax = logits.argmax(dim=-1).tolist()
         src, dst = [], []
         for s, (r0, nrows) in zip(scheduled, spans):
@@ -265,7 +288,7 @@ class LLMEngine:
                                                                            position=seq.num_tokens)
                     self._append(seq, [tok])
                     if seq.logprobs is not None:
-                        record_logprobs(seq, logits, [r0], [tok])
+                        record_logprobs(seq, raw, [r0], [tok])
                 continue
             tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
             res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax[r0:r0 + nrows])
@@ -279,7 +302,7 @@ class LLMEngine:
             self.drafting.record(seq, tree, len(res.accepted_nodes))
             self._append(seq, res.accepted_tokens + [res.next_token])
             if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
-                record_logprobs(seq, logits, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
+                record_logprobs(seq, raw, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
         self.verifier.copy_slots(src, dst)
         for s in scheduled:
             self._check_stop_strings(s.seq)

@@ -1,6 +1,8 @@
 """Prompt encoding (text, chat messages or token ids) and the checks every prompt passes."""
 from __future__ import annotations
 
+from cluster.request import RequestError
+
 
 class PromptEncoder:
     def __init__(self, tokenizer):
@@ -32,10 +34,25 @@ class PromptEncoder:
         ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         return list(ids)
 
-    def check_length(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
+    def check_length(self, ids: list[int], max_model_len: int, vocab_size: int, max_tokens: int | None = None) -> None:
+        """The prompt fits the context (with ``max_tokens`` more tokens when given: a request that
+        named max_tokens is refused rather than cut short) and its ids are in the vocabulary."""
         if len(ids) >= max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens but the model's context is {max_model_len} "
                              f"tokens: the prompt must be at most {max_model_len - 1} tokens")
+        if max_tokens is not None and len(ids) + max_tokens > max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens and max_tokens={max_tokens}: {len(ids) + max_tokens} "
+                             f"tokens, more than the model's context of {max_model_len} tokens; ask for at most "
+                             f"max_tokens={max_model_len - len(ids)}, or leave max_tokens out to generate until "
+                             f"the context ends")
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+    @staticmethod
+    def check_params(params, vocab_size: int) -> None:
+        """Token ids inside the sampling parameters (``logit_bias``) are in the vocabulary."""
+        bad = [t for t, _ in params.logit_bias if t >= vocab_size]
+        if bad:
+            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                               "logit_bias")

@@ -7,6 +7,11 @@ Then it hands the common fields to this one mapping:
 - ``prompt`` (text or token ids) or ``messages`` (chat: ``[{"role", "content"}]``), exactly one;
 - the sampling fields (``SAMPLING_FIELDS``), where None means "not given": SamplingParams' default
   applies, and ``max_tokens`` gets the edge's own default (the context, a ``--max-tokens`` flag).
+  Generation also stops where the context ends; an edge that must refuse a prompt + max_tokens over
+  the context instead (OpenAI's rule) asks the engine to (``add_request(..., fit_max_tokens=True)``).
+
+A message's ``content`` is text, or a list of content parts of which only ``{"type": "text"}`` ones
+are accepted (OpenAI's form; joined with newlines, as vLLM does for text-only models).
 
 A bad value raises ``RequestError``, a ValueError whose message names the field and the value (the
 request style of ``cluster.validation``) and whose ``field`` is OpenAI's ``param``; each edge turns it
@@ -24,7 +29,7 @@ from actors.sampling_params import SamplingParams
 from cluster.validation import REQUEST, first_field, format_validation_error
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "spec_tokens",
-                   "logprobs")
+                   "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens")
 
 Prompt = str | list[int] | list[dict]
 
@@ -68,14 +73,33 @@ def chat_messages(messages: Sequence) -> list[dict]:
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise RequestError(f"messages={messages!r}: must be a list of {{role, content}} objects", "messages")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if isinstance(m, Mapping):
-            out.append(dict(m))
+            msg = dict(m)
         elif hasattr(m, "role") and hasattr(m, "content"):
-            out.append({"role": m.role, "content": m.content})
+            msg = {"role": m.role, "content": m.content}
         else:
             raise RequestError(f"messages: {m!r} is not a {{role, content}} object", "messages")
+        if isinstance(msg.get("content"), (list, tuple)):
+            msg["content"] = content_text(msg["content"], f"messages[{i}]")
+        out.append(msg)
     return out
+
+
+def content_text(parts: Sequence, where: str) -> str:
+    """The text of a message's content parts (mappings or objects with ``type`` and ``text``): the
+    ``text`` parts joined with newlines; any other kind (image, audio, file) is refused."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else getattr(part, "type", None)
+        text = part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None)
+        if kind != "text":
+            raise RequestError(f"{where}.content[{j}]: content parts of type {kind!r} are not supported (this "
+                               f"server reads text only); send {{\"type\": \"text\", \"text\": ...}} parts", "messages")
+        if not isinstance(text, str):
+            raise RequestError(f"{where}.content[{j}]: a 'text' part needs a string 'text', got {text!r}", "messages")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def engine_prompt(fields: Mapping[str, Any]) -> Prompt:

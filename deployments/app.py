@@ -20,6 +20,7 @@ flight, so streams end normally with their finish reason and ``data: [DONE]``.
 # No `from __future__ import annotations` here: FastAPI must see the request model classes, not strings
 # (Serve rebuilds the routes on the replica, where string annotations resolve to query parameters).
 import asyncio
+import functools
 import logging
 
 from fastapi import FastAPI, Request
@@ -39,6 +40,7 @@ from deployments.http_guard import BodyTooLarge, GuardSettings, RequestGuard
 from deployments.http_metrics import HTTPCountMiddleware
 from deployments.metrics_hub import ReplicaMetricsPublisher
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from deployments.openai_schema import openapi_document
 from deployments.openai_server import EventStream, OpenAIServer
 from deployments.replica_state import ReplicaState
 from deployments.serve_config import ServeArgs
@@ -48,6 +50,7 @@ log = logging.getLogger("specray.serve")
 
 # ---- FastAPI app and its error handlers ------------------------------------------------------
 app = FastAPI(title="specray", description="OpenAI-compatible LLM serving with speculative decoding")
+app.openapi = functools.partial(openapi_document, app)  # the real response bodies (deployments.openai_schema)
 
 
 def _error_response(status: int, message: str, param=None, code=None, type_=None,
@@ -79,7 +82,9 @@ async def _validation_error(_: Request, e: RequestValidationError):
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, e: StarletteHTTPException):
-    return _error_response(e.status_code, str(e.detail))
+    response = _error_response(e.status_code, str(e.detail))
+    response.headers.update(e.headers or {})  # 405: Allow
+    return response
 
 
 @app.exception_handler(Exception)

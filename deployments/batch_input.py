@@ -132,6 +132,8 @@ class LineReader:
         except ValidationError as e:
             return LineError(n, id_, str(RequestError.from_validation(e)))
         try:
+            for i, m in enumerate(line.messages or ()):
+                m.check_supported(i)  # e.g. tool_calls: refused, not silently dropped
             req = engine_request(dict(line), self.default_max_tokens)
         except RequestError as e:
             return LineError(n, line.id, str(e))

@@ -15,24 +15,68 @@ cancels the pump. The pump only ever waits on the replica's next item, so the ca
 where the proxy turns it into a cancel of the replica's generator. The proxy's code that runs after
 the cancel (its status and access log) gets a ``CallContext``: gRPC's own context must not be
 touched once the call has ended (``peer()`` on an ended call crashed the proxy process).
+
+A cancelled call also left an ERROR traceback in the proxy's log ("Task exception was never
+retrieved ... RequestCancelledError"): Serve's proxy waits on the replica's next item in a task of
+its own and, when the call is cancelled from outside (gRPC cancels a unary handler; the pump is
+cancelled), cancels the replica's request but never reads that task's result. A client that goes
+away is a normal event (the replica logs the call as CANCELLED at INFO), so ``quiet_cancels``
+gives the proxy's event loop an exception handler that logs exactly those at DEBUG and hands
+every other one to the handler that was there.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator, Callable
 
 from deployments.protos import specray_pb2_grpc
 
+log = logging.getLogger("specray.grpc")
+
 _END = object()
 _WRAPPED = "_specray_cancel_on_done"
+_QUIET = "_specray_quiet_cancels"
 
 
 def add_generation_servicer(servicer: Any, server: Any) -> None:
-    """``grpc_servicer_functions`` entry: the service, with cancels that always reach the replica."""
+    """``grpc_servicer_functions`` entry: the service, with cancels that always reach the replica
+    and that leave no error in the proxy's log."""
     factory = getattr(server, "service_handler_factory", None)
     if factory is not None and not getattr(factory, _WRAPPED, False):
         server.service_handler_factory = cancel_on_done(factory)
+    try:
+        quiet_cancels(asyncio.get_running_loop())  # Serve registers servicers on the proxy's loop
+    except RuntimeError:  # no running loop (called outside the proxy): nothing to quiet
+        pass
     specray_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+
+
+def _is_cancel(exc: BaseException | None) -> bool:
+    from ray.exceptions import TaskCancelledError
+    from ray.serve.exceptions import RequestCancelledError
+
+    return isinstance(exc, (RequestCancelledError, TaskCancelledError, asyncio.CancelledError))
+
+
+def quiet_cancels(loop: asyncio.AbstractEventLoop) -> None:
+    """Unretrieved cancels of a request (a client gone) are logged at DEBUG on ``loop``; anything
+    else goes to the loop's previous exception handler (or its default). Idempotent."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, _QUIET, False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        exc = context.get("exception")
+        if _is_cancel(exc):
+            log.debug("a cancelled call's request ended: %s", exc)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    setattr(handler, _QUIET, True)
+    loop.set_exception_handler(handler)
 
 
 def cancel_on_done(factory: Callable) -> Callable:

@@ -1,7 +1,9 @@
 """OpenAI-compatible request models, response builders and the error body.
 
 Requests are pydantic models with unknown fields forbidden (a typo such as ``max_token`` is an
-error, not silently ignored). Value ranges are checked when a request becomes the engine's prompt
+error, not silently ignored). Every field of OpenAI's requests is in the conformance table
+(``deployments.openai_fields``): the implemented ones are typed here, the accepted-and-ignored and
+the rejected ones (a 400 naming the field) are declared from the table. Value ranges are checked when a request becomes the engine's prompt
 and ``SamplingParams`` (``to_engine``: the OpenAI-only checks, then the one request mapping of
 ``cluster.request``, one SamplingParams per choice), so a bad value is answered 400 with the field
 and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
@@ -10,19 +12,21 @@ semantics; vLLM does the same), capped by the model's context.
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from cluster.outputs import RequestOutput
 from cluster.request import SAMPLING_FIELDS, Prompt, RequestError, engine_prompt, sampling_params
-
+from deployments.openai_fields import check_message, check_policy, policy_fields
 
 MAX_N = 16  # choices per request
+MAX_TEMPERATURE = 2.0  # OpenAI's range: [0, 2]
 
 
 class APIError(Exception):
@@ -48,45 +52,78 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 
 
 # ---- requests ------------------------------------------------------------------------------
+def _not_bool(v):
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]  # JSON true is not 1
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # extension (vLLM): with include_usage, usage on every chunk
+    include_obfuscation: Any = None  # accepted and ignored
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``text`` parts are accepted (cluster.request.content_text)."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Any = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
-    name: str | None = None
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]  # function: a 400
+    content: str | list[ContentPart]
+    name: str | None = None  # accepted and ignored (deployments.openai_fields), as the rest below
+    tool_call_id: str | None = None
+    tool_calls: Any = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: Any = None
+
+    def check_supported(self, index: int) -> None:
+        """RequestError naming a field of this message the server cannot honour (``tool_calls``, ...)."""
+        check_message(dict(self), index)
 
 
 class SamplingRequest(BaseModel):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions; the ignored and rejected ones come from
+    the conformance table (``deployments.openai_fields``) through each endpoint's policy base."""
 
     model_config = ConfigDict(extra="forbid")
+    CHAT: ClassVar[bool] = False
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # extension
-    seed: int | None = None
+    max_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int | None = None  # extension
+    seed: Int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
     ignore_eos: bool = False  # extension
-    spec_tokens: int | None = None  # extension: None = engine policy, 0 = no speculation, K = chain length
+    spec_tokens: Int | None = None  # extension: None = engine policy, 0 = no speculation, K = chain length
     return_token_ids: bool = False  # extension (as vLLM): output token ids in each choice / chunk
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    repetition_penalty: Float | None = None  # extension (vLLM)
+    logit_bias: dict[str, Float] | None = None  # {token id: bias}; ids checked by SamplingParams and the engine
+    min_tokens: Int | None = None  # extension (vLLM)
 
     def to_engine(self, max_model_len: int) -> tuple[Prompt, list[SamplingParams]]:
         """The engine prompt and one SamplingParams per choice (choice i gets seed + i when a seed is
         given), after every check (APIError 400 naming the field). Without max_tokens a choice runs
         until EOS, a stop string or the context end."""
         with _as_api_error():
+            check_policy(dict(self), self.CHAT)
             prompt = engine_prompt(self.prompt_fields())
             self.check_supported(max_model_len)
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
@@ -107,9 +144,9 @@ class SamplingRequest(BaseModel):
     def check_supported(self, max_model_len: int) -> None:
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n={self.n}: must be between 1 and {MAX_N} choices per request", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise APIError(400, f"{name}={getattr(self, name)}: only 0 is supported", param=name)
+        if self.temperature is not None and not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise APIError(400, f"temperature={self.temperature}: must be between 0 and {MAX_TEMPERATURE:g} "
+                                f"(0 = greedy)", param="temperature")
         if self.requested_max_tokens is not None and self.requested_max_tokens > max_model_len:
             raise APIError(400, f"max_tokens={self.requested_max_tokens} exceeds the model's context of {max_model_len} "
                                 f"tokens", param="max_tokens")
@@ -124,11 +161,19 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage so far on every chunk (``stream_options.continuous_usage_stats`` with include_usage)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
-class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
-    logprobs: int | None = Field(None, strict=True)  # alternatives per token; the chosen one always comes too
+
+_CompletionPolicy = create_model("_CompletionPolicy", **policy_fields(chat=False))
+_ChatPolicy = create_model("_ChatPolicy", **policy_fields(chat=True))
+
+
+class CompletionRequest(SamplingRequest, _CompletionPolicy):
+    prompt: str | list
+    logprobs: Int | None = Field(None, strict=True)  # alternatives per token; the chosen one always comes too
 
     def logprobs_k(self) -> int | None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -136,22 +181,28 @@ class CompletionRequest(SamplingRequest):
         return self.logprobs
 
     def prompt_fields(self) -> dict:
+        """Text, token ids, or a list of one of either (OpenAI's batch forms; one prompt per request)."""
         p = self.prompt
-        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
             if len(p) != 1:
                 raise APIError(400, f"prompt: a list of {len(p)} prompts; only one prompt per request is "
                                     f"supported", param="prompt")
             p = p[0]
-        if self.echo:
-            raise APIError(400, "echo=true is not supported", param="echo")
+        if isinstance(p, list):
+            bad = next((x for x in p if isinstance(x, bool) or not isinstance(x, int)), None)
+            if bad is not None:
+                raise APIError(400, f"prompt: {json.dumps(bad)} is not a token id; a prompt is a string, a list "
+                                    f"of token ids (integers) or a list of one of either", param="prompt")
         return {"prompt": p}
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
+    CHAT: ClassVar[bool] = True
+
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
 
     def logprobs_k(self) -> int | None:
         k = self.top_logprobs
@@ -166,6 +217,8 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
     def prompt_fields(self) -> dict:
+        for i, m in enumerate(self.messages):
+            m.check_supported(i)
         return {"messages": self.messages}
 
 
@@ -241,8 +294,9 @@ def completion_response(rid: str, model: str, choices: list[dict], outs: list[Re
 
 def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | None = None,
                  finish_reason: str | None = None, role: bool = False, created: int | None = None,
-                 token_ids: list[int] | None = None, logprobs: dict | None = None) -> dict:
-    """One SSE chunk with one choice, ``index`` (``text`` None and ``role`` set: the chat opening chunk)."""
+                 token_ids: list[int] | None = None, logprobs: dict | None = None, usage: dict | None = None) -> dict:
+    """One SSE chunk with one choice, ``index`` (``text`` None and ``role`` set: the chat opening chunk);
+    ``usage``: the usage so far (``stream_options.continuous_usage_stats``)."""
     if chat:
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -250,8 +304,17 @@ def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | N
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created or int(time.time()), "model": model, "choices": [choice]}
+    chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+             "created": created or int(time.time()), "model": model, "choices": [choice]}
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def running_usage(prompt_tokens: int, completion_tokens: list[int]) -> dict:
+    """Usage so far of a streamed request: the prompt once, the tokens each choice has streamed."""
+    done = sum(completion_tokens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
 
 def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], created: int | None = None) -> dict:

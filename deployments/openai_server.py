@@ -20,7 +20,8 @@ from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
-                                    finish_reason_of, models_response, new_id, stream_chunk, usage_chunk)
+                                    finish_reason_of, models_response, new_id, running_usage, stream_chunk,
+                                    usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -82,8 +83,9 @@ class OpenAIServer:
         prompt, params = req.to_engine(self.max_model_len)
         ticket = await self.admission.admit(len(params))
         rid = new_id("chatcmpl" if chat else "cmpl")
-        try:
-            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt")
+        try:  # a max_tokens the request names must fit the context with the prompt (a 400, not cut short)
+            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt",
+                                                fit_max_tokens=req.requested_max_tokens is not None)
         except BaseException:
             ticket.release()
             raise
@@ -109,9 +111,14 @@ class OpenAIServer:
         choices = gen.choices
         finals = list(choices.firsts)
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
+        streamed = [0] * len(finals)  # tokens per choice so far (continuous usage)
+
+        def usage() -> dict | None:
+            return running_usage(finals[0].num_prompt_tokens, streamed) if req.continuous_usage else None
+
         if chat:
             for i in range(len(finals)):
-                yield sse(stream_chunk(index=i, role=True, **chunk))
+                yield sse(stream_chunk(index=i, role=True, usage=usage(), **chunk))
         try:
             async with aclosing(choices.merged()) as merged:  # closed (tasks stopped) even on break
                 async for i, out in merged:
@@ -127,8 +134,9 @@ class OpenAIServer:
                     elif out.delta_logprobs:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
                     if out.delta_text or out.finished or ids or lp:
+                        streamed[i] = out.num_output_tokens
                         yield sse(stream_chunk(index=i, text=out.delta_text, finish_reason=finish_reason_of(out),
-                                               token_ids=ids, logprobs=lp, **chunk))
+                                               token_ids=ids, logprobs=lp, usage=usage(), **chunk))
         except RuntimeError as e:  # the engine loop failed or stopped under this request
             yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
         if req.include_usage:
@@ -145,10 +153,12 @@ class ChoiceStreams:
         self.firsts: list[RequestOutput] = []
 
     @classmethod
-    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str) -> ChoiceStreams:
+    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str,
+                    fit_max_tokens: bool = False) -> ChoiceStreams:
         """Bad input surfaces here (400 naming ``prompt_field``), before any byte of the answer."""
         ids = [rid] if len(params) == 1 else [f"{rid}-{i}" for i in range(len(params))]
-        self = cls([aeng.generate(prompt, p, request_id=i) for p, i in zip(params, ids)])
+        self = cls([aeng.generate(prompt, p, request_id=i, fit_max_tokens=fit_max_tokens)
+                    for p, i in zip(params, ids)])
         firsts = await asyncio.gather(*(g.__anext__() for g in self.gens), return_exceptions=True)
         errors = [f for f in firsts if isinstance(f, BaseException)]
         if errors:
@@ -211,6 +221,9 @@ ENGINE_RETRY_AFTER_S = 5
 
 
 def _first_error(e: BaseException, prompt_field: str) -> BaseException:
+    field = getattr(e, "field", None)  # a RequestError naming another field than the prompt (logit_bias)
+    if isinstance(e, ValueError) and field:
+        return APIError(400, str(e), param=field)
     if isinstance(e, ValueError):
         msg = str(e)
         code = "context_length_exceeded" if "context" in msg else None

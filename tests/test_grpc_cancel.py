@@ -133,3 +133,64 @@ def test_only_server_streaming_handlers_are_wrapped_and_the_servicer_is_register
     assert server.service_handler_factory is first and first is not factory
     assert server.service_handler_factory(service_method="/m", streaming_type="unary_unary")[0] == "handler"
     assert server.handlers and server.registered[0] == "specray.v1.Generation"
+
+
+def test_a_cancelled_request_left_unread_is_no_error_in_the_log(caplog):
+    """Serve's proxy leaves a task behind whose RequestCancelledError nobody reads; asyncio would log
+    it as an ERROR traceback. After ``quiet_cancels`` such a task logs at DEBUG; other unread
+    errors still reach the handler that was there."""
+    import gc
+    import logging
+
+    from ray.exceptions import TaskCancelledError
+    from ray.serve.exceptions import RequestCancelledError
+
+    from deployments.grpc_cancel import quiet_cancels
+
+    seen = []
+
+    async def fail(exc):
+        raise exc
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: seen.append(context["exception"]))
+        quiet_cancels(loop)
+        quiet_cancels(loop)  # idempotent: does not wrap itself
+        for exc in (RequestCancelledError("r-1"), TaskCancelledError(), ValueError("a real bug")):
+            task = asyncio.create_task(fail(exc))
+            await asyncio.sleep(0)
+            del task  # never retrieved: asyncio reports it when the task is collected
+            gc.collect()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(run())
+    assert [type(e).__name__ for e in seen] == ["ValueError"]
+    cancels = [r for r in caplog.records if r.name == "specray.grpc"]
+    assert len(cancels) == 2 and all(r.levelno == logging.DEBUG for r in cancels)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_without_a_previous_handler_other_errors_keep_the_default_report(caplog):
+    import gc
+    import logging
+
+    from deployments.grpc_cancel import quiet_cancels
+
+    async def run():
+        quiet_cancels(asyncio.get_running_loop())
+        task = asyncio.create_task(asyncio.sleep(0, result=None))
+        await task
+        bad = asyncio.create_task(_raise(KeyError("k")))
+        await asyncio.sleep(0)
+        del bad
+        gc.collect()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(run())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors and "never retrieved" in errors[0].getMessage()
+
+
+async def _raise(exc):
+    raise exc

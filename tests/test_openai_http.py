@@ -221,3 +221,36 @@ def test_serve_command_parses_and_rejects_bad_port():
         cmd_serve(args)  # rejected before Ray or Serve start
     text = usage_text("0.0.0.0", 8000, MODEL)
     assert "curl http://127.0.0.1:8000/v1/chat/completions" in text and "OpenAI(base_url=" in text
+
+
+def test_conformance_over_serve(base_url, client):
+    """The conformance layer through Serve's proxy (in-process in tests/test_openai_conformance.py):
+    content parts, usage on every chunk, ignored and rejected fields, the context check, the
+    OpenAPI responses and 405's Allow."""
+    parts = client.chat.completions.create(model=MODEL, max_tokens=TOKENS, temperature=0, user="u", store=False,
+                                           metadata={"k": "v"}, tools=[], response_format={"type": "text"},
+                                           messages=[{"role": "user", "content": [
+                                               {"type": "text", "text": "Name three colours."}]}])
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=TOKENS, temperature=0)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(c.usage is not None for c in chunks) and chunks[-1].usage.completion_tokens >= 1
+    for kwargs, param in [(dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+                          (dict(response_format={"type": "json_object"}), "response_format"),
+                          (dict(temperature=1e308), "temperature")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **kwargs)
+        assert e.value.body["param"] == param and param in e.value.body["message"]
+    r = requests.post(f"{base_url}/v1/completions", json={"model": MODEL, "prompt": [True, False]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = requests.post(f"{base_url}/v1/completions", json={"model": MODEL, "prompt": list(range(5, 4005)),
+                                                          "max_tokens": 500}, timeout=60)  # the context: 4076
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "4000 tokens and max_tokens=500: 4500 tokens, more than the model's context of" in r.json()["error"]["message"]
+    r = requests.get(f"{base_url}/v1/completions", timeout=30)
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"]
+    doc = requests.get(f"{base_url}/openapi.json", timeout=30).json()
+    responses = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert {"200", "400", "429", "503"} <= set(responses) and "text/event-stream" in responses["200"]["content"]
+    assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletion")

@@ -17,7 +17,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 @pytest.mark.parametrize("name, value", [
     ("max_tokens", 7), ("temperature", 0.5), ("top_p", 0.9), ("top_k", 3), ("seed", 11), ("stop", ("a", "b")),
-    ("ignore_eos", True), ("spec_tokens", 0), ("logprobs", 2),
+    ("ignore_eos", True), ("spec_tokens", 0), ("logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
+    ("repetition_penalty", 1.2), ("logit_bias", ((3, -1.0),)), ("min_tokens", 4),
 ])
 def test_each_sampling_field_reaches_sampling_params(name, value):
     params = sampling_params({name: value}, default_max_tokens=99)

@@ -135,7 +135,7 @@ def test_remote_kv_service(ray_cluster, tiny_target_dir, tiny_prompts):
     handle = ray.remote(KVService).options(num_cpus=0).remote(256, 4, True)
     try:
         cfg = EngineConfig(model=str(tiny_target_dir), num_kv_blocks=256, block_size=4, num_threads=1)
-        eng = LLMEngine(cfg, loaded=_load(str(tiny_target_dir)), kv=RemoteKV(handle))
+        eng = LLMEngine(cfg, loaded=_load(str(tiny_target_dir)), kv=RemoteKV(lambda: handle))
         eng.generate(tiny_prompts[:3] * 2, SamplingParams(max_tokens=4, ignore_eos=True), concurrency=3)
         stats = ray.get(handle.stats.remote())
         snap = eng.metrics.snapshot()

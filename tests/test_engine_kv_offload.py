@@ -118,3 +118,11 @@ def test_openai_usage_reports_cached_tokens():
     usage = completion_response("id", "m", [], [out], chat=True)["usage"]
     assert usage["prompt_tokens_details"] == {"cached_tokens": 32} and usage["prompt_tokens"] == 40
     assert usage_chunk("id", "m", True, [out])["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+
+
+def test_cli_negative_host_tier_names_the_value(capsys):
+    from cluster.cli import EXIT_BAD_INPUT, main
+
+    assert main(["generate", "x", "--kv-host-gb", "-1"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "host_gb" in err and "-1" in err

@@ -29,11 +29,13 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     allocator_cls = KVBlockAllocator
 
+    num_blocks = st.integers(8, 32)
     num_host_blocks = st.just(0)
 
-    @initialize(num_blocks=st.integers(8, 32), block_size=st.integers(2, 4),
-                caching=st.sampled_from([True, True, True, False]), data=st.data())
-    def setup(self, num_blocks, block_size, caching, data):
+    @initialize(block_size=st.integers(2, 4), caching=st.sampled_from([True, True, True, False]),
+                data=st.data())
+    def setup(self, block_size, caching, data):
+        num_blocks = data.draw(self.num_blocks, label="num_blocks")
         self.nhost = data.draw(self.num_host_blocks, label="num_host_blocks")
         self.a = self.allocator_cls(num_blocks, block_size, enable_prefix_caching=caching,
                                     num_host_blocks=self.nhost)
@@ -44,6 +46,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.ncommit: dict[int, int] = {}
         self.content: dict[int, tuple[int, ...]] = {}
         self.host_content: dict[int, tuple[int, ...]] = {}  # host slot -> prefix whose KV it holds
+        self.gone: list[list[int]] = []  # committed tokens of freed sequences
         self.next_id = 0
 
     # -- model helpers
@@ -125,6 +128,19 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.a.commit(sid, tokens, len(tokens))
             self._record_commit(sid, tokens, len(tokens))
 
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS)
+    @rule(tokens=_tokens)
+    def prefill_and_finish(self, tokens):
+        """A short request that leaves only cached blocks behind: fills the LRU that evicts."""
+        sid = self._new_id()
+        self._allocate(sid, tokens, 0)
+        if sid in self.tables:
+            self.a.commit(sid, tokens, len(tokens))
+            self._record_commit(sid, tokens, len(tokens))
+            self.gone.append(list(tokens))
+            self.a.free(sid)
+            self._forget(sid)
+
     @precondition(lambda self: self.tables)
     @rule(data=st.data(), grow=st.integers(-2, 6))
     def append(self, data, grow):
@@ -174,8 +190,17 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data):
         sid = self._pick(data)
+        self.gone.append(self.tokens[sid][:self.ncommit[sid]])
         self.a.free(sid)
         self._forget(sid)
+
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS and any(self.gone))
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 1), min_size=1, max_size=3))
+    def allocate_earlier_prefix(self, data, tail):
+        """A new prompt extending a freed sequence's committed tokens (a multi-turn follow-up):
+        its prefix sits on the device, in the host tier, or is gone."""
+        head = data.draw(st.sampled_from([g for g in self.gone if g]), label="earlier")
+        self._allocate(self._new_id(), head + tail, 0)
 
     @precondition(lambda self: self.tables)
     @rule(data=st.data())
@@ -235,9 +260,11 @@ class WeakHashMachine(AllocatorMachine):
 _machine_settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
 class HostTierMachine(AllocatorMachine):
-    """The same, with a host tier of 1..6 blocks: evictions write back, lookups load back."""
+    """The same, with a host tier of 1..8 blocks under a smaller device pool (evictions are
+    frequent): evictions write back, lookups load back."""
 
-    num_host_blocks = st.integers(1, 6)
+    num_blocks = st.integers(6, 16)
+    num_host_blocks = st.integers(1, 8)
 
 
 class WeakHashHostMachine(HostTierMachine):

@@ -39,6 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from actors.kv_host_tier import EVICT, LOAD, BlockCopy, HostEntry, HostTier
+from actors.kv_invariants import check_allocator, expect as _expect
 
 _ROOT = 0  # chain id of the empty prefix
 _BROKEN = -1  # chain state after a hash collision: nothing further of that sequence is registered
@@ -310,41 +311,8 @@ class KVBlockAllocator:
 
     # ---- invariants (tests) --------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError if the allocator's bookkeeping is inconsistent."""
-        refs = [0] * self.num_blocks
-        for seq_id, s in self._seqs.items():
-            self._check_seq(seq_id, s)
-            for bid in s.blocks:
-                refs[bid] += 1
-        for b in self._blocks:
-            _expect(b.ref_count == refs[b.id], f"block {b.id}: ref_count {b.ref_count}, "
-                                               f"held by {refs[b.id]} tables")
-            _expect((b.ref_count == 0) == (b.id in self._free), f"block {b.id}: ref_count "
-                    f"{b.ref_count} but {'in' if b.id in self._free else 'not in'} free list")
-            if b.hash is None:
-                _expect(b.token_ids is None, f"block {b.id}: unhashed but has token ids")
-            else:
-                _expect(self._cached.get(b.hash) == b.id, f"block {b.id}: hash not registered")
-                _expect(b.token_ids is not None and len(b.token_ids) == self.block_size,
-                        f"block {b.id}: cached without a full block of token ids")
-        for h, bid in self._cached.items():
-            _expect(self._blocks[bid].hash == h, f"cache entry {h} -> block {bid} is stale")
-        _expect(len(self._free) == refs.count(0), "free list size != blocks with no holder")
-        if self.host is not None:
-            self.host.check_invariants()
-            both = [h for h in self._cached if self.host.get(h) is not None]
-            _expect(not both, f"hashes {both[:3]} cached on the device and in the host tier")
-
-    def _check_seq(self, seq_id: int, s: _Seq) -> None:
-        _expect(len(s.blocks) == self._blocks_for(s.num_tokens),
-                f"seq {seq_id}: {len(s.blocks)} blocks for {s.num_tokens} tokens")
-        _expect(len(set(s.blocks)) == len(s.blocks), f"seq {seq_id}: a block appears twice")
-        _expect(0 <= s.num_committed <= s.num_tokens, f"seq {seq_id}: bad num_committed")
-        for i in range(s.num_committed // self.block_size, len(s.blocks)):
-            b = self._blocks[s.blocks[i]]
-            _expect(b.ref_count == 1, f"seq {seq_id}: block {b.id} (index {i}) is written into "
-                                      f"but has ref_count {b.ref_count}")
-            _expect(b.hash is None, f"seq {seq_id}: block {b.id} is written into but hashed")
+        """Raise AssertionError if the allocator's bookkeeping is inconsistent (both tiers)."""
+        check_allocator(self)
 
     # ---- internals -----------------------------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
@@ -424,7 +392,3 @@ class KVBlockAllocator:
             if b.hash is None:
                 self._free.move_to_end(bid, last=False)  # nothing cached: reuse it first
 
-
-def _expect(cond: bool, msg: str) -> None:
-    if not cond:
-        raise AssertionError(msg)

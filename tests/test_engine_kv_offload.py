@@ -80,12 +80,17 @@ def _check_metrics(eng, stats: dict) -> None:
     assert v("kv_offload_bytes_total", direction="device_to_host") == pool.bytes_out > 0
 
 
-def test_host_tier_smaller_than_pressure_stays_lossless(tiny_target_dir):
-    """A 2-block host tier drops most of what is evicted (LRU); outputs still match."""
-    base = [o.token_ids for o in tiny_engine(tiny_target_dir, num_kv_blocks=24).generate(PROMPTS, PARAMS)]
-    eng = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload={"host_blocks": 2})
+@pytest.mark.parametrize("host_blocks,draft,concurrency", [(2, "none", 2), (64, "ngram", 4), (8, "ngram", 3)])
+def test_host_tier_under_pressure_stays_lossless(tiny_target_dir, host_blocks, draft, concurrency):
+    """A small host tier drops most of what is evicted (LRU); speculation's draft slots and
+    preemption (two sequences growing to 16 blocks each in 24) move blocks in the same plans.
+    Outputs still match."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = [o.token_ids for o in tiny_engine(tiny_target_dir, num_kv_blocks=24).generate(PROMPTS, params)]
+    eng = tiny_engine(tiny_target_dir, draft=draft, num_kv_blocks=24, kv_offload={"host_blocks": host_blocks})
     for _ in range(2):
-        assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS, concurrency=2)] == base
+        assert [o.token_ids for o in eng.generate(PROMPTS, params, concurrency=concurrency)] == base
+    assert eng.scheduler.num_preemptions > 0 and eng.kv.stats()["host_blocks_loaded"] > 0
     _assert_no_leak(eng)
 
 

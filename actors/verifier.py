@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.model.attention import allocate_kv_cache, copy_kv_slots
 from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
+from actors.model.attention import allocate_kv_cache, copy_kv_slots
 from actors.model.batch import ForwardBatch
 
 

@@ -23,14 +23,23 @@ entry until reused. The free list is an OrderedDict: uncached blocks first, then
 recently freed first (LRU eviction; a sequence frees its tail first); a hit on a free cached block
 removes it in O(1).
 
+Host tier (optional, ``num_host_blocks`` > 0; actors/kv_host_tier.py): a cached block that LRU
+reuse takes from the free list is written back to the host tier instead of being dropped, and a
+lookup that misses on the device continues there (verified the same way); host hits are loaded into
+fresh device blocks. The allocator only decides: each move is a ``BlockCopy`` collected until
+``take_copies()``, which the tensor owner executes, in order, before the step's forward.
+
 Stats: `prefix_queries` and `prefix_hits` count TOKENS (prompt tokens asked by `allocate`, tokens
-served from the cache).
+served from the cache); `host_hits` counts the tokens of `prefix_hits` that came from the host tier.
 """
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from actors.kv_host_tier import EVICT, LOAD, BlockCopy, HostEntry, HostTier
+from actors.kv_invariants import check_allocator, expect as _expect
 
 _ROOT = 0  # chain id of the empty prefix
 _BROKEN = -1  # chain state after a hash collision: nothing further of that sequence is registered
@@ -67,6 +76,7 @@ class _Seq:
     num_committed: int
     prev_hash: int | None = None  # hash state after block num_committed // block_size - 1
     prev_chain_id: int = _ROOT
+    host_hit_tokens: int = 0  # of the prefix hit at allocate, tokens loaded from the host tier
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -83,8 +93,13 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 class KVBlockAllocator:
     """Fixed-size KV blocks, one block table per sequence (int seq_id), prefix cache, LRU reuse."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_host_blocks: int = 0):
         self.num_blocks = _check_count("num_blocks", num_blocks, 1)
+        n_host = _check_count("num_host_blocks", num_host_blocks, 0)
+        self.host: HostTier | None = HostTier(n_host) if n_host else None
+        self._copies: list[BlockCopy] = []  # decided moves between tiers, not yet executed
+        self.host_hits = 0
         self.block_size = _check_count("block_size", block_size, 1)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._blocks = [Block(i) for i in range(num_blocks)]
@@ -115,6 +130,15 @@ class KVBlockAllocator:
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def host_hit_tokens(self, seq_id: int) -> int:
+        """Tokens of seq_id's prefix hit (at allocate) that were loaded from the host tier."""
+        return self._seq(seq_id).host_hit_tokens
+
+    def take_copies(self) -> list[BlockCopy]:
+        """The tier moves decided since the last call, in the order they must be executed."""
+        copies, self._copies = self._copies, []
+        return copies
 
     def has_seq(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -159,17 +183,37 @@ class KVBlockAllocator:
         if cost > len(self._free):
             raise OutOfBlocksError(f"allocate seq {seq_id!r} needs {cost} free blocks, "
                                    f"{len(self._free)} free: ask can_allocate first")
-        for b in hits:
-            if b.ref_count == 0:
-                del self._free[b.id]
-            b.ref_count += 1
-        blocks = [b.id for b in hits]
+        blocks = self._take_hits(hits)
         blocks += [self._take_fresh() for _ in range(self._blocks_for(total) - len(hits))]
         hit_tokens = len(hits) * self.block_size
-        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id)
+        host_tokens = sum(isinstance(b, HostEntry) for b in hits) * self.block_size
+        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id, host_tokens)
         self.prefix_queries += len(token_ids)
         self.prefix_hits += hit_tokens
+        self.host_hits += host_tokens
         return hit_tokens
+
+    def _take_hits(self, hits: list[Block | HostEntry]) -> list[int]:
+        """Reference the device hits, then load each host hit into a fresh device block (in order).
+        Host hits are pinned first so evictions made room for them cannot push them out."""
+        for b in hits:
+            if isinstance(b, HostEntry):
+                self.host.pin(b.hash)
+            else:
+                if b.ref_count == 0:
+                    del self._free[b.id]
+                b.ref_count += 1
+        out = []
+        for b in hits:
+            if isinstance(b, Block):
+                out.append(b.id)
+                continue
+            bid = self._take_fresh()
+            self._copies.append(BlockCopy(LOAD, bid, b.slot))  # before take() frees the slot
+            e = self.host.take(b.hash)
+            self._set_cached(self._blocks[bid], e.hash, e.token_ids, e.parent_chain_id, e.chain_id)
+            out.append(bid)
+        return out
 
     # ---- grow / shrink -------------------------------------------------------------------------
     def can_append(self, seq_id: int, num_tokens: int) -> bool:
@@ -227,7 +271,7 @@ class KVBlockAllocator:
             return
         other_id = self._cached.get(h)
         if other_id is None:
-            self._set_cached(block, h, toks, s.prev_chain_id, self._new_chain_id())
+            self._set_cached(block, h, toks, s.prev_chain_id, self._host_chain_id(h, toks, s.prev_chain_id))
         elif not self._matches(self._blocks[other_id], toks, s.prev_chain_id):
             s.prev_chain_id = _BROKEN  # collision: a different prefix owns this hash
             return
@@ -244,6 +288,17 @@ class KVBlockAllocator:
             block = self._blocks[other_id]  # in-use duplicate: keep it, our copy stays uncached
         s.prev_chain_id = block.chain_id
 
+    def _host_chain_id(self, h: int, toks: tuple[int, ...], parent_chain_id: int) -> int:
+        """A new device entry supersedes a host copy of the same hash (tiers are exclusive); when
+        that copy holds the same prefix, its chain id carries over so its host children stay
+        reachable."""
+        e = self.host.get(h) if self.host is not None else None
+        if e is None:
+            return self._new_chain_id()
+        self.host.drop(h)
+        same = e.token_ids == toks and e.parent_chain_id == parent_chain_id
+        return e.chain_id if same else self._new_chain_id()
+
     # ---- free ----------------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
         """Drop seq_id's table (finish, abort, preempt, error); cached blocks stay reusable."""
@@ -256,37 +311,8 @@ class KVBlockAllocator:
 
     # ---- invariants (tests) --------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Raise AssertionError if the allocator's bookkeeping is inconsistent."""
-        refs = [0] * self.num_blocks
-        for seq_id, s in self._seqs.items():
-            self._check_seq(seq_id, s)
-            for bid in s.blocks:
-                refs[bid] += 1
-        for b in self._blocks:
-            _expect(b.ref_count == refs[b.id], f"block {b.id}: ref_count {b.ref_count}, "
-                                               f"held by {refs[b.id]} tables")
-            _expect((b.ref_count == 0) == (b.id in self._free), f"block {b.id}: ref_count "
-                    f"{b.ref_count} but {'in' if b.id in self._free else 'not in'} free list")
-            if b.hash is None:
-                _expect(b.token_ids is None, f"block {b.id}: unhashed but has token ids")
-            else:
-                _expect(self._cached.get(b.hash) == b.id, f"block {b.id}: hash not registered")
-                _expect(b.token_ids is not None and len(b.token_ids) == self.block_size,
-                        f"block {b.id}: cached without a full block of token ids")
-        for h, bid in self._cached.items():
-            _expect(self._blocks[bid].hash == h, f"cache entry {h} -> block {bid} is stale")
-        _expect(len(self._free) == refs.count(0), "free list size != blocks with no holder")
-
-    def _check_seq(self, seq_id: int, s: _Seq) -> None:
-        _expect(len(s.blocks) == self._blocks_for(s.num_tokens),
-                f"seq {seq_id}: {len(s.blocks)} blocks for {s.num_tokens} tokens")
-        _expect(len(set(s.blocks)) == len(s.blocks), f"seq {seq_id}: a block appears twice")
-        _expect(0 <= s.num_committed <= s.num_tokens, f"seq {seq_id}: bad num_committed")
-        for i in range(s.num_committed // self.block_size, len(s.blocks)):
-            b = self._blocks[s.blocks[i]]
-            _expect(b.ref_count == 1, f"seq {seq_id}: block {b.id} (index {i}) is written into "
-                                      f"but has ref_count {b.ref_count}")
-            _expect(b.hash is None, f"seq {seq_id}: block {b.id} is written into but hashed")
+        """Raise AssertionError if the allocator's bookkeeping is inconsistent (both tiers)."""
+        check_allocator(self)
 
     # ---- internals -----------------------------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
@@ -303,13 +329,16 @@ class KVBlockAllocator:
             raise ValueError("token_ids is empty: a sequence needs at least one prompt token")
         return len(token_ids) + _check_count("extra_tokens", extra_tokens, 0)
 
-    def _allocate_cost(self, total: int, hits: list[Block]) -> int:
-        """Free blocks taken: fresh ones plus hit blocks that currently sit in the free list."""
-        return self._blocks_for(total) - len(hits) + sum(b.ref_count == 0 for b in hits)
+    def _allocate_cost(self, total: int, hits: list[Block | HostEntry]) -> int:
+        """Free blocks taken: fresh ones (host hits load into fresh ones) plus device hit blocks that
+        currently sit in the free list."""
+        dev = [b for b in hits if isinstance(b, Block)]
+        return self._blocks_for(total) - len(dev) + sum(b.ref_count == 0 for b in dev)
 
-    def _lookup(self, token_ids: list[int]) -> tuple[list[Block], int | None, int]:
-        """Longest verified cached prefix of whole blocks, never including the last token."""
-        hits: list[Block] = []
+    def _lookup(self, token_ids: list[int]) -> tuple[list[Block | HostEntry], int | None, int]:
+        """Longest verified cached prefix of whole blocks (device, else host tier), never including
+        the last token."""
+        hits: list[Block | HostEntry] = []
         prev_hash, prev_chain_id = None, _ROOT
         if not self.enable_prefix_caching:
             return hits, prev_hash, prev_chain_id
@@ -318,14 +347,15 @@ class KVBlockAllocator:
             toks = tuple(token_ids[i * bs:(i + 1) * bs])
             h = self._hash(prev_hash, toks)
             bid = self._cached.get(h)
-            if bid is None or not self._matches(self._blocks[bid], toks, prev_chain_id):
+            hit = self._blocks[bid] if bid is not None else (self.host.get(h) if self.host else None)
+            if hit is None or not self._matches(hit, toks, prev_chain_id):
                 break
-            hits.append(self._blocks[bid])
-            prev_hash, prev_chain_id = h, self._blocks[bid].chain_id
+            hits.append(hit)
+            prev_hash, prev_chain_id = h, hit.chain_id
         return hits, prev_hash, prev_chain_id
 
     @staticmethod
-    def _matches(block: Block, toks: tuple[int, ...], parent_chain_id: int) -> bool:
+    def _matches(block: Block | HostEntry, toks: tuple[int, ...], parent_chain_id: int) -> bool:
         return block.token_ids == toks and block.parent_chain_id == parent_chain_id
 
     def _hash(self, prev_hash: int | None, toks: tuple[int, ...]) -> int:
@@ -344,6 +374,10 @@ class KVBlockAllocator:
         bid, _ = self._free.popitem(last=False)
         b = self._blocks[bid]
         if b.hash is not None:
+            if self.host is not None:  # write back before the block is reused
+                slot = self.host.put(b.hash, b.token_ids, b.chain_id, b.parent_chain_id)
+                if slot is not None:
+                    self._copies.append(BlockCopy(EVICT, bid, slot))
             del self._cached[b.hash]
             b.clear()
         b.ref_count = 1
@@ -358,7 +392,3 @@ class KVBlockAllocator:
             if b.hash is None:
                 self._free.move_to_end(bid, last=False)  # nothing cached: reuse it first
 
-
-def _expect(cond: bool, msg: str) -> None:
-    if not cond:
-        raise AssertionError(msg)

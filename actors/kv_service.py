@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actors.kv_allocator import KVBlockAllocator
+from actors.kv_host_tier import BlockCopy
 
 
 class KVServiceLost(RuntimeError):
@@ -40,6 +41,7 @@ class Grant:
     num_query: int  # tokens computed this step
     num_spec: int  # draft slots reserved after the root
     num_computed: int  # after a prefix-cache hit (admitted sequences)
+    num_host_cached: int = 0  # of that hit, tokens loaded from the host tier
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class KVPlan:
     granted: list[Grant] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     block_tables: dict[int, list[int]] = field(default_factory=dict)
+    copies: list[BlockCopy] = field(default_factory=list)  # tier moves to run before the forward
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ def plan_step(alloc: KVBlockAllocator, running: list[KVEntry], waiting: list[KVE
     if not plan.preempted:
         _admit(alloc, waiting, len(live), max_num_seqs, token_budget, plan)
     plan.block_tables = {g.seq_id: alloc.block_table(g.seq_id) for g in plan.granted}
+    plan.copies = alloc.take_copies()
     return plan
 
 
@@ -105,7 +109,7 @@ def _admit(alloc: KVBlockAllocator, waiting: list[KVEntry], num_running: int, ma
             return
         cached = alloc.allocate(e.seq_id, e.token_ids)
         want = min(e.num_tokens - cached, token_budget)
-        plan.granted.append(Grant(e.seq_id, want, 0, cached))
+        plan.granted.append(Grant(e.seq_id, want, 0, cached, alloc.host_hit_tokens(e.seq_id)))
         token_budget -= want
         num_running += 1
 
@@ -113,8 +117,11 @@ def _admit(alloc: KVBlockAllocator, waiting: list[KVEntry], num_running: int, ma
 class KVService:
     """The allocator behind a batched, per-step API (in-process or a Ray actor)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        self.allocator = KVBlockAllocator(num_blocks, block_size, enable_prefix_caching)
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_host_blocks: int = 0, block_bytes: int = 0):
+        """num_host_blocks > 0: a host KV tier; block_bytes: bytes one block moves (for stats)."""
+        self.allocator = KVBlockAllocator(num_blocks, block_size, enable_prefix_caching, num_host_blocks)
+        self.block_bytes = block_bytes
 
     def plan(self, running: list[KVEntry], waiting: list[KVEntry], max_num_seqs: int,
              token_budget: int) -> KVPlan:
@@ -133,10 +140,23 @@ class KVService:
     def reset(self) -> None:
         """Drop every sequence's blocks (the KV cache they indexed is gone, e.g. a verifier restart)."""
         a = self.allocator
-        self.allocator = KVBlockAllocator(a.num_blocks, a.block_size, a.enable_prefix_caching)
+        self.allocator = KVBlockAllocator(a.num_blocks, a.block_size, a.enable_prefix_caching,
+                                          a.host.num_slots if a.host is not None else 0)
 
     def stats(self) -> dict:
         a = self.allocator
         return {"num_blocks": a.num_blocks, "num_free_blocks": a.num_free_blocks, "usage": a.usage,
                 "num_cached_blocks": a.num_cached_blocks, "prefix_queries": a.prefix_queries,
-                "prefix_hits": a.prefix_hits, "prefix_hit_rate": a.prefix_hit_rate}
+                "prefix_hits": a.prefix_hits, "prefix_hit_rate": a.prefix_hit_rate,
+                **_host_stats(a, self.block_bytes)}
+
+
+def _host_stats(a: KVBlockAllocator, block_bytes: int) -> dict:
+    """Host tier figures (hits in tokens, moves in blocks and bytes); empty without a host tier.
+    Counts of decided moves: the engine executes every move of a plan before its forward."""
+    h = a.host
+    if h is None:
+        return {}
+    return {"host_num_blocks": h.num_slots, "host_cached_blocks": h.num_blocks, "host_hits": a.host_hits,
+            "host_blocks_evicted": h.num_evicted, "host_blocks_loaded": h.num_loaded,
+            "host_bytes_out": h.num_evicted * block_bytes, "host_bytes_in": h.num_loaded * block_bytes}

@@ -29,6 +29,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    copies: list = field(default_factory=list)  # KV tier moves (actors.kv_host_tier.BlockCopy), run first
 
     @property
     def num_tokens(self) -> int:
@@ -112,11 +113,14 @@ class BatchScheduler:
             if seq.status is SeqStatus.WAITING:
                 self.waiting.remove(seq)
                 seq.num_computed = g.num_computed
+                seq.num_cached_tokens = min(g.num_computed, seq.num_prompt_tokens)
+                seq.num_host_cached_tokens = min(g.num_host_cached, seq.num_cached_tokens)
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
             decode = seq.num_uncomputed == 1 and g.num_query == 1
             out.scheduled.append(ScheduledSeq(seq, g.num_query, g.num_spec, decode))
         self.block_tables = plan.block_tables
+        out.copies = plan.copies
         return out
 
     def slot(self, seq: Sequence, position: int) -> int:

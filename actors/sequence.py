@@ -57,6 +57,7 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
         "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs",
+        "num_cached_tokens", "num_host_cached_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
@@ -75,6 +76,8 @@ class Sequence:
         self.spec = SpecStats()
         self.num_preemptions = 0
         self.text_offset = 0  # characters of output text already streamed
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (last admission)
+        self.num_host_cached_tokens = 0  # of those, loaded from the host KV tier
         self.error: str | None = None
         # one actors.logprobs.TokenLogprob per output token when params.logprobs is set, else None
         self.logprobs: list | None = None if params.logprobs is None else []

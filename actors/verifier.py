@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.kv_host_pool import HostKVPool
+from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
 from actors.model.batch import ForwardBatch
 
@@ -56,7 +58,8 @@ class Verifier:
     logits rows that verification and sampling need (never the whole vocabulary for every token)."""
 
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, num_host_blocks: int = 0):
+        """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py)."""
         cfg = model.config
         self.model = model
         self.num_layers = cfg.num_layers
@@ -66,6 +69,7 @@ class Verifier:
         self.kv_caches = allocate_kv_cache(
             cfg.num_layers, num_blocks, block_size, model.num_kv_heads_per_rank, cfg.head_dim, dtype, device
         )
+        self.host_pool = HostKVPool(self.kv_caches, num_host_blocks) if num_host_blocks else None
 
     @torch.inference_mode()
     def forward_logits(self, chunks: list[SeqChunk], logit_rows: list[int],
@@ -89,6 +93,15 @@ class Verifier:
             return
         i64 = dict(dtype=torch.int64, device=self.device)
         copy_kv_slots(self.kv_caches, torch.tensor(src, **i64), torch.tensor(dst, **i64))
+
+    def apply_block_copies(self, copies: list[BlockCopy]) -> None:
+        """Execute the allocator's tier moves (evict device -> host, load host -> device), in order,
+        before the step's forward."""
+        if not copies:
+            return
+        if self.host_pool is None:
+            raise RuntimeError(f"{len(copies)} KV tier copies but this verifier has no host tier")
+        self.host_pool.execute(self.kv_caches, copies)
 
     def warmup(self) -> None:
         n = min(4, self.block_size * self.num_blocks)

@@ -47,6 +47,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="attention kernels: triton (paged KV read in place) or torch; auto = triton on CUDA")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="recompute every prompt (benchmarks that must not reuse earlier runs' prompts)")
+    p.add_argument("--kv-host-gb", type=float, default=None, metavar="G",
+                   help="host KV tier of G GiB: prefix-cache blocks the device pool evicts are kept in host memory "
+                        "and loaded back on a prefix hit instead of recomputed (default/0: off)")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
                    help="micro-batches per step so drafter workers overlap verification (with --ray --drafters)")
 
@@ -111,6 +114,7 @@ def engine_config_from_args(args):
         enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
         draft_overlap_micro_batches=args.draft_overlap,
         attention_backend=getattr(args, "attention_backend", "auto"),
+        kv_offload={"host_gb": getattr(args, "kv_host_gb", None)},
     )
 
 

@@ -138,6 +138,21 @@ def is_eagle_draft(draft: str) -> bool:
     return draft in EAGLE_DRAFTS or draft.startswith(EAGLE_DRAFT_PREFIXES)
 
 
+class KVOffloadConfig(BaseModel):
+    """KV tiers below the device pool. ``host_gb``: a host-memory tier of that many GiB for
+    prefix-cache blocks the device pool evicts (0/None = off); ``host_blocks`` sizes it in blocks
+    instead (tests). Slice 1 of issue 27: no disk tier, swap preemption or shared tier yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host_gb: float | None = Field(None, ge=0)
+    host_blocks: int | None = Field(None, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.host_blocks) if self.host_blocks is not None else bool(self.host_gb)
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -159,3 +174,4 @@ class EngineConfig(BaseModel):
     # >1: split each step into micro-batches so drafter workers draft one while the target verifies
     # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.
     draft_overlap_micro_batches: int = Field(1, ge=1, le=8)
+    kv_offload: KVOffloadConfig = Field(default_factory=KVOffloadConfig)

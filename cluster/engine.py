@@ -31,7 +31,7 @@ from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
 from cluster.proposers import build_proposer
-from cluster.runtime import kv_blocks_for, resolve_device_dtype
+from cluster.runtime import host_blocks_for, kv_blocks_for, resolve_device_dtype
 
 log = logging.getLogger("specray.engine")
 
@@ -64,11 +64,19 @@ class LLMEngine:
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
-        self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype)
+        num_host = host_blocks_for(config, loaded.config, self.dtype)
+        self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
+                                             num_host_blocks=num_host)
+        if num_host and getattr(self.verifier, "host_pool", None) is None:
+            raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "
+                             "this verifier backend has no host tier yet (turn --kv-host-gb off)")
         if self.verifier.num_blocks != num_blocks or self.verifier.block_size != config.block_size:
             raise ValueError(f"verifier KV cache ({self.verifier.num_blocks} blocks of {self.verifier.block_size}) "
                              f"does not match the engine's ({num_blocks} of {config.block_size})")
-        self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching)
+        if num_host and kv is not None:
+            raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")
+        self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching, num_host,
+                                  self.verifier.host_pool.block_bytes if num_host else 0)
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
         if proposer is None and spec.enabled:
@@ -166,6 +174,8 @@ class LLMEngine:
             return []
         for seq in sched.preempted:
             self.drafting.release(seq)
+        if sched.copies:  # KV tier moves: evicted blocks out, host hits in, before any forward
+            self.verifier.apply_block_copies(sched.copies)
         if not sched.scheduled:
             return []
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}

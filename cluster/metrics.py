@@ -216,6 +216,8 @@ class _EngineStateCollector:
                                   value=stats["prefix_queries"])
         yield CounterMetricFamily(P + "prefix_cache_hits", "Prompt tokens served from the prefix cache",
                                   value=stats["prefix_hits"])
+        if "host_hits" in stats:
+            yield from _kv_offload_metrics(stats)
 
     def _guard_metrics(self) -> Iterable[Metric]:
         g = self.guard
@@ -235,6 +237,22 @@ class _EngineStateCollector:
         except Exception as e:  # a remote KV service that cannot answer: leave its series out
             log.warning("KV stats unavailable for this scrape: %s", e)
             return None
+
+
+def _kv_offload_metrics(stats: dict) -> Iterable[Metric]:
+    """KV tiers (issue 27): hits per tier, blocks held per tier, bytes moved per direction."""
+    hits = CounterMetricFamily(P + "kv_offload_hits", "Prompt tokens served from the prefix cache, by KV tier",
+                               labels=["tier"])
+    hits.add_metric(["device"], stats["prefix_hits"] - stats["host_hits"])
+    hits.add_metric(["host"], stats["host_hits"])
+    blocks = GaugeMetricFamily(P + "kv_offload_blocks", "Prefix-cache blocks held, by KV tier", labels=["tier"])
+    blocks.add_metric(["device"], stats["num_cached_blocks"])
+    blocks.add_metric(["host"], stats["host_cached_blocks"])
+    moved = CounterMetricFamily(P + "kv_offload_bytes", "KV bytes copied between tiers, by direction",
+                                labels=["direction"])
+    moved.add_metric(["device_to_host"], stats["host_bytes_out"])
+    moved.add_metric(["host_to_device"], stats["host_bytes_in"])
+    yield from (hits, blocks, moved)
 
 
 # ---- snapshots: plain data, summable across replicas ------------------------------------------

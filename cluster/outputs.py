@@ -28,6 +28,8 @@ class RequestOutput:
     # actors.logprobs.TokenLogprob of this step's new tokens (aligned with delta_token_ids); None
     # unless the request asked for logprobs. A delta only: whole lists would cost O(n^2) to stream.
     delta_logprobs: list | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (device or host tier)
+    num_host_cached_tokens: int = 0  # of those, loaded from the host KV tier
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -88,4 +90,6 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         e2e_s=(seq.finish_time or now) - seq.arrival_time if seq.is_finished else None,
         error=seq.error,
         delta_logprobs=None if seq.logprobs is None else seq.logprobs[prev_tokens:],
+        num_cached_tokens=seq.num_cached_tokens,
+        num_host_cached_tokens=seq.num_host_cached_tokens,
     )

@@ -22,6 +22,23 @@ def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
     return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * elem
 
 
+def host_blocks_for(config, model_config, dtype: torch.dtype) -> int:
+    """Blocks of the host KV tier (0 = off): ``kv_offload.host_blocks``, else ``host_gb`` over the
+    bytes of one block (all layers, K and V)."""
+    off = config.kv_offload
+    if not off.enabled:
+        return 0
+    if off.host_blocks is not None:
+        return off.host_blocks
+    per_block = kv_block_bytes(model_config, config.block_size, dtype)
+    n = int(off.host_gb * 2**30) // per_block
+    if n < 1:
+        raise ValueError(f"kv_offload.host_gb={off.host_gb} is smaller than one KV block ({per_block} bytes "
+                         f"= {per_block / 2**30:.3g} GiB for block_size {config.block_size}): raise --kv-host-gb "
+                         "or pass 0 to turn the host tier off")
+    return n
+
+
 def kv_blocks_for(config, model_config, dtype: torch.dtype, max_spec_nodes: int) -> tuple[int, int]:
     """Number of KV blocks and the max model length. One sequence of max_model_len tokens plus its
     draft slots always fits, so preemption can always make progress."""

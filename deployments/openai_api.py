@@ -254,6 +254,12 @@ def total_usage(outs: list[RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def openai_usage(outs: list[RequestOutput]) -> dict:
+    """``total_usage`` plus OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens served
+    from the prefix cache (device or host KV tier). HTTP only (the gRPC Usage message has no such field)."""
+    return {**total_usage(outs), "prompt_tokens_details": {"cached_tokens": outs[0].num_cached_tokens}}
+
+
 def total_speculation(outs: list[RequestOutput]) -> dict:
     """Speculation counters summed over the choices (one choice: that choice's own)."""
     if len(outs) == 1:
@@ -289,7 +295,7 @@ def choice_body(index: int, out: RequestOutput, chat: bool, logprobs: dict | Non
 
 def completion_response(rid: str, model: str, choices: list[dict], outs: list[RequestOutput], chat: bool) -> dict:
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": total_usage(outs), "speculation": total_speculation(outs)}
+            "model": model, "choices": choices, "usage": openai_usage(outs), "speculation": total_speculation(outs)}
 
 
 def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | None = None,
@@ -321,7 +327,7 @@ def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], cre
     """The last chunk when ``stream_options.include_usage``: no choices, usage and speculation."""
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created or int(time.time()), "model": model, "choices": [],
-            "usage": total_usage(outs), "speculation": total_speculation(outs)}
+            "usage": openai_usage(outs), "speculation": total_speculation(outs)}
 
 
 def models_response(model: str, created: int) -> dict:

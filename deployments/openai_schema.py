@@ -33,10 +33,15 @@ class ErrorResponse(_Body):
     error: ErrorDetail
 
 
+class PromptTokensDetails(_Body):
+    cached_tokens: int  # prompt tokens served from the prefix cache (device or host KV tier)
+
+
 class Usage(_Body):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # answers and the final usage chunk
 
 
 class Speculation(_Body):

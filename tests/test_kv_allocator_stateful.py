@@ -29,16 +29,24 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     allocator_cls = KVBlockAllocator
 
-    @initialize(num_blocks=st.integers(8, 32), block_size=st.integers(2, 4),
-                caching=st.sampled_from([True, True, True, False]))
-    def setup(self, num_blocks, block_size, caching):
-        self.a = self.allocator_cls(num_blocks, block_size, enable_prefix_caching=caching)
+    num_blocks = st.integers(8, 32)
+    num_host_blocks = st.just(0)
+
+    @initialize(block_size=st.integers(2, 4), caching=st.sampled_from([True, True, True, False]),
+                data=st.data())
+    def setup(self, block_size, caching, data):
+        num_blocks = data.draw(self.num_blocks, label="num_blocks")
+        self.nhost = data.draw(self.num_host_blocks, label="num_host_blocks")
+        self.a = self.allocator_cls(num_blocks, block_size, enable_prefix_caching=caching,
+                                    num_host_blocks=self.nhost)
         self.nb, self.bs, self.caching = num_blocks, block_size, caching
         self.tables: dict[int, list[int]] = {}
         self.tokens: dict[int, list[int]] = {}  # known tokens of each sequence
         self.ntok: dict[int, int] = {}
         self.ncommit: dict[int, int] = {}
         self.content: dict[int, tuple[int, ...]] = {}
+        self.host_content: dict[int, tuple[int, ...]] = {}  # host slot -> prefix whose KV it holds
+        self.gone: list[list[int]] = []  # committed tokens of freed sequences
         self.next_id = 0
 
     # -- model helpers
@@ -63,9 +71,11 @@ class AllocatorMachine(RuleBasedStateMachine):
             with pytest.raises(OutOfBlocksError):
                 self.a.allocate(sid, tokens, extra)
             assert not self.a.has_seq(sid) and self.a.num_free_blocks == free_before
+            assert self.a.take_copies() == []
             return
         used = self._used()
         hit = self.a.allocate(sid, tokens, extra)
+        self._apply_copies()
         table = self.a.block_table(sid)
         total = len(tokens) + extra
         assert len(table) == _ceil_div(total, self.bs)
@@ -76,6 +86,17 @@ class AllocatorMachine(RuleBasedStateMachine):
         self._check_fresh(table[hit // self.bs:], used)
         self.tables[sid], self.tokens[sid] = table, list(tokens)
         self.ntok[sid], self.ncommit[sid] = total, hit
+
+    def _apply_copies(self) -> None:
+        """Execute the allocator's tier moves on the model's contents, in order (no tier: none)."""
+        for c in self.a.take_copies():
+            assert self.a.host is not None, c
+            if c.kind == "evict":
+                assert c.device_block in self.content, f"evicting block {c.device_block} without KV"
+                self.host_content[c.host_slot] = self.content[c.device_block]
+            else:
+                assert c.host_slot in self.host_content, f"loading empty host slot {c.host_slot}"
+                self.content[c.device_block] = self.host_content[c.host_slot]
 
     def _forget(self, sid: int) -> None:
         for d in (self.tables, self.tokens, self.ntok, self.ncommit):
@@ -107,6 +128,19 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.a.commit(sid, tokens, len(tokens))
             self._record_commit(sid, tokens, len(tokens))
 
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS)
+    @rule(tokens=_tokens)
+    def prefill_and_finish(self, tokens):
+        """A short request that leaves only cached blocks behind: fills the LRU that evicts."""
+        sid = self._new_id()
+        self._allocate(sid, tokens, 0)
+        if sid in self.tables:
+            self.a.commit(sid, tokens, len(tokens))
+            self._record_commit(sid, tokens, len(tokens))
+            self.gone.append(list(tokens))
+            self.a.free(sid)
+            self._forget(sid)
+
     @precondition(lambda self: self.tables)
     @rule(data=st.data(), grow=st.integers(-2, 6))
     def append(self, data, grow):
@@ -120,6 +154,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             return
         used, old = self._used(), self.tables[sid]
         self.a.append(sid, n)
+        self._apply_copies()
         table = self.a.block_table(sid)
         assert table[:len(old)] == old
         self._check_fresh(table[len(old):], used)
@@ -155,8 +190,17 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data):
         sid = self._pick(data)
+        self.gone.append(self.tokens[sid][:self.ncommit[sid]])
         self.a.free(sid)
         self._forget(sid)
+
+    @precondition(lambda self: len(self.tables) < _MAX_SEQS and any(self.gone))
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 1), min_size=1, max_size=3))
+    def allocate_earlier_prefix(self, data, tail):
+        """A new prompt extending a freed sequence's committed tokens (a multi-turn follow-up):
+        its prefix sits on the device, in the host tier, or is gone."""
+        head = data.draw(st.sampled_from([g for g in self.gone if g]), label="earlier")
+        self._allocate(self._new_id(), head + tail, 0)
 
     @precondition(lambda self: self.tables)
     @rule(data=st.data())
@@ -188,6 +232,12 @@ class AllocatorMachine(RuleBasedStateMachine):
                 refs[b] += 1
         assert [self.a.ref_count(b) for b in range(self.nb)] == refs
         assert self.a.num_free_blocks == refs.count(0)
+        host = self.a.host
+        if host is not None:  # capacity, and every host entry's slot holds KV of its own tokens
+            assert host.num_blocks <= self.nhost
+            for e in host._entries.values():
+                assert 0 <= e.slot < self.nhost
+                assert self.host_content[e.slot][-self.bs:] == e.token_ids
 
     def teardown(self):
         if not hasattr(self, "a"):
@@ -209,7 +259,23 @@ class WeakHashMachine(AllocatorMachine):
 
 _machine_settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
+class HostTierMachine(AllocatorMachine):
+    """The same, with a host tier of 1..8 blocks under a smaller device pool (evictions are
+    frequent): evictions write back, lookups load back."""
+
+    num_blocks = st.integers(6, 16)
+    num_host_blocks = st.integers(1, 8)
+
+
+class WeakHashHostMachine(HostTierMachine):
+    allocator_cls = _WeakHashAllocator
+
+
 TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = _machine_settings
 TestWeakHashMachine = WeakHashMachine.TestCase
 TestWeakHashMachine.settings = settings(_machine_settings, max_examples=100)
+TestHostTierMachine = HostTierMachine.TestCase
+TestHostTierMachine.settings = _machine_settings
+TestWeakHashHostMachine = WeakHashHostMachine.TestCase
+TestWeakHashHostMachine.settings = settings(_machine_settings, max_examples=100)

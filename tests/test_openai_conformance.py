@@ -217,12 +217,18 @@ def _chat(app, **kw):
     return _call(app, fn)
 
 
+def _counts(usage) -> dict:
+    """Token counts of a usage object; cached_tokens depends on what the prefix cache held, so an
+    identical request answered later may report more of them."""
+    return usage.model_dump(exclude={"prompt_tokens_details"})
+
+
 def test_content_parts_are_the_text_they_hold(app):
     parts = [{"type": "text", "text": "Name three"}, {"type": "text", "text": "colours."}]
     as_parts = _chat(app, messages=[{"role": "user", "content": parts}])
     as_text = _chat(app, messages=[{"role": "user", "content": "Name three\ncolours."}])
     assert as_parts.choices[0].message.content == as_text.choices[0].message.content
-    assert as_parts.usage == as_text.usage
+    assert _counts(as_parts.usage) == _counts(as_text.usage)
     with pytest.raises(openai.BadRequestError) as e:
         _chat(app, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}])
     assert e.value.body["param"] == "messages" and "image_url" in e.value.body["message"]
@@ -254,7 +260,7 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(app, chat):
     assert [u[1] for u in usages] == sorted(u[1] for u in usages) and usages[-1][1] > usages[0][1]
     final = chunks[-1]
     assert not final.choices and usages[-2] == usages[-1]  # the last content chunk already had it all
-    assert final.usage == reply.usage  # the same counts as the answer without streaming
+    assert _counts(final.usage) == _counts(reply.usage)  # the same counts as the answer without streaming
     if chat:
         assert usages[0][1] == 0  # the role chunks come before any token
 
@@ -276,7 +282,7 @@ def test_ignored_fields_and_neutral_values_change_nothing(app):
     reply = _chat(app, **extra, **neutral, extra_body=body,
                   messages=[{**MESSAGES[0], "name": "alice"}])
     assert reply.choices[0].message.content == plain.choices[0].message.content
-    assert reply.usage == plain.usage
+    assert _counts(reply.usage) == _counts(plain.usage)
 
     async def fn(client):
         return await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0,

@@ -107,12 +107,16 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"num_layers={num_layers} is out of range; use 0..{len(self.layers)}")
         if len(kv_caches) < n:
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
+        lone = batch.num_tokens == 1
+        if lone:  # two identical rows: no per-product padding (see ForwardBatch.doubled)
+            batch = batch.doubled()
         x = self.embed_tokens(batch.input_ids)  # [N, H]
         rope = self.rotary.cos_sin(batch.positions)
         residual = None
         for i in range(n):
             x, residual = self.layers[i](x, residual, rope, kv_caches[i], batch)
-        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+        x = self.norm(x) if residual is None else self.norm(x, residual)[0]
+        return x[:1] if lone else x
 
     def compute_logits(self, hidden: torch.Tensor, gather: str = "all") -> torch.Tensor | None:
         """hidden [M, H] (only the rows that need logits) -> logits [M, vocab] float32.

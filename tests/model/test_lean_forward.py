@@ -1,0 +1,34 @@
+"""The lean eager forward (issue 25): the shortcuts that remove ops per layer compute the same bits
+as what they replace."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.model.loader import load_model
+from tests.model import Chunk, make_batch, random_ids, random_tables
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(tiny_model_dir("llama", tie_word_embeddings=False)).model
+
+
+def test_a_lone_token_runs_as_two_identical_rows(tiny):
+    bs, ctx = 4, 7
+    (table,) = random_tables(1, 3, 8, seed=3)
+    kv = tiny.allocate_kv_cache(8, bs)
+    batch = make_batch([Chunk(random_ids(1, 256, 5), ctx, table)], bs)
+    with torch.inference_mode():
+        tiny(make_batch([Chunk(random_ids(ctx, 256, 4), 0, table)], bs), kv)
+        lone = tiny(batch, kv)  # [1, H]
+        k_written = kv[0][0].clone()
+        doubled = tiny(batch.doubled(), kv)  # two tokens: run as they are
+    assert lone.shape == (1, doubled.shape[1])
+    assert torch.equal(doubled[0], doubled[1]) and torch.equal(lone[0], doubled[0])
+    assert torch.equal(kv[0][0], k_written)  # the slot written twice holds the same K
+
+
+def test_doubled_needs_one_token():
+    with pytest.raises(ValueError, match="one-token batch; this one has 4"):
+        make_batch([Chunk([1, 2, 3, 4], 0, [0, 1])], 4).doubled()

@@ -32,3 +32,22 @@ def test_a_lone_token_runs_as_two_identical_rows(tiny):
 def test_doubled_needs_one_token():
     with pytest.raises(ValueError, match="one-token batch; this one has 4"):
         make_batch([Chunk([1, 2, 3, 4], 0, [0, 1])], 4).doubled()
+
+
+@pytest.mark.parametrize("hidden", [64, 576])
+def test_rms_norm_cpu_fp32_path_gives_f_rms_norm_bits(hidden):
+    from actors.model.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(hidden)
+    norm = RMSNorm(hidden, 1e-5, torch.float32)
+    norm.weight.data.copy_(torch.randn(hidden, generator=g))
+    for rows in (1, 2, 7, 64):
+        for scale in (1e-3, 1.0, 40.0):
+            x = torch.randn(rows, hidden, generator=g) * scale
+            res = torch.randn(rows, hidden, generator=g)
+            ref = torch.nn.functional.rms_norm(x, (hidden,), norm.weight, 1e-5)
+            assert torch.equal(norm(x), ref)
+            out, summed = norm(x.clone(), res)
+            assert torch.equal(summed, x + res)
+            assert torch.equal(out, torch.nn.functional.rms_norm(x + res, (hidden,), norm.weight, 1e-5))
+    assert not any(name.startswith("_") for name in norm.state_dict())  # the scalars are not weights

@@ -233,6 +233,20 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dev)[positions].unsqueeze(1), sin.to(dev)[positions].unsqueeze(1)
 
 
+def rotary_halves_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, 1, head_dim // 2] -> the operands of ``apply_rotary_halves``: cos [N, 1, 1, head_dim // 2]
+    and the signed sin [N, 1, 2, head_dim // 2] (-sin for the first half, sin for the second). Once per forward."""
+    return cos.unsqueeze(2), torch.stack((-sin, sin), dim=2)
+
+
+def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary`` in 6 ops instead of 14 (no chunk, no cat), same bits: x [N, heads, 2, head_dim // 2]
+    (the two halves of each head on their own axis), tables of ``rotary_halves_tables``
+    -> new contiguous [N, heads, 2, head_dim // 2]. First half x1 cos + x2 (-sin) = x1 cos - x2 sin,
+    second x2 cos + x1 sin (IEEE: a + (-b) is a - b, and x (-s) is -(x s), exactly)."""
+    return (x * cos).add_(x.flip(2).mul_(signed_sin))
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, heads, head_dim] (last dim contiguous), cos/sin [N, 1, head_dim // 2] -> new [N, heads, head_dim]."""
     x1, x2 = x.chunk(2, dim=-1)

@@ -24,11 +24,12 @@ from actors.model.layers import (
     SwiGLUMLP,
     TPContext,
     VocabParallelEmbedding,
-    apply_rotary,
+    apply_rotary_halves,
+    rotary_halves_tables,
 )
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [N, 1, head_dim // 2]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos [N, 1, 1, head_dim // 2], signed sin [N, 1, 2, head_dim // 2]
 
 # (our fused parameter, HF name part, shard id)
 _STACKED = (
@@ -53,13 +54,13 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope, kv_cache: KVCache, batch: ForwardBatch) -> torch.Tensor:
         """x [N, H] -> [N, H]; writes this step's K/V at batch.slot_mapping first."""
         n, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
-        qk = apply_rotary(qkv[:, : (h + kvh) * d].view(n, h + kvh, d), *rope)  # q and k rotated together
+        qkv = self.qkv_proj(x).view(n, h + 2 * kvh, 2, d // 2)  # [N, heads, halves, d / 2]
+        qk = apply_rotary_halves(qkv[:, : h + kvh], *rope).view(n, h + kvh, d)  # q and k rotated together
         q, k = qk.split((h, kvh), dim=1)
-        v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
+        v = qkv[:, h + kvh:].view(n, kvh, d)
         write_kv(kv_cache[0], kv_cache[1], k, v, batch.slot_mapping)
         out = paged_attention(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
-        return self.o_proj(out.reshape(n, h * d))
+        return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -111,7 +112,7 @@ class LlamaForCausalLM(nn.Module):
         if lone:  # two identical rows: no per-product padding (see ForwardBatch.doubled)
             batch = batch.doubled()
         x = self.embed_tokens(batch.input_ids)  # [N, H]
-        rope = self.rotary.cos_sin(batch.positions)
+        rope = rotary_halves_tables(*self.rotary.cos_sin(batch.positions))  # once per forward
         residual = None
         for i in range(n):
             x, residual = self.layers[i](x, residual, rope, kv_caches[i], batch)

@@ -51,3 +51,19 @@ def test_rms_norm_cpu_fp32_path_gives_f_rms_norm_bits(hidden):
             assert torch.equal(summed, x + res)
             assert torch.equal(out, torch.nn.functional.rms_norm(x + res, (hidden,), norm.weight, 1e-5))
     assert not any(name.startswith("_") for name in norm.state_dict())  # the scalars are not weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_halves_give_apply_rotary_bits(dtype):
+    from actors.model.layers import RotaryEmbedding, apply_rotary, apply_rotary_halves, rotary_halves_tables
+
+    n, heads, d = 7, 5, 64
+    rope = RotaryEmbedding(d, 256, 10000.0, dtype=dtype)
+    positions = torch.tensor([0, 1, 5, 17, 100, 255, 3])
+    cos, sin = rope.cos_sin(positions)
+    g = torch.Generator().manual_seed(1)
+    qkv = (torch.randn(n, heads + 2, d, generator=g) * 3).to(dtype)  # rotate the first `heads` only
+    ref = apply_rotary(qkv[:, :heads], cos, sin)
+    halves = qkv.view(n, heads + 2, 2, d // 2)[:, :heads]
+    out = apply_rotary_halves(halves, *rotary_halves_tables(cos, sin))
+    assert out.is_contiguous() and torch.equal(out.view(n, heads, d), ref)

@@ -205,12 +205,16 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kvh = k_cache.shape[-2]
     g = h // kvh
     b, max_q = meta.num_seqs, meta.max_q
+    keys = _flat(k_cache)[meta.kv_index].transpose(1, 2)  # [B, kvh, max_kv, d]
+    values = _flat(v_cache)[meta.kv_index].transpose(1, 2)
+    if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
+        out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=_folded_mask(meta, g),
+                                             scale=scale)
+        return out.view(b, h, d)
     if meta.out_index is None:
         qp = q.view(b, max_q, kvh, g, d)
     else:
         qp = q.new_zeros(b * max_q, h, d).index_copy_(0, meta.out_index, q).view(b, max_q, kvh, g, d)
-    keys = _flat(k_cache)[meta.kv_index].transpose(1, 2)  # [B, kvh, max_kv, d]
-    values = _flat(v_cache)[meta.kv_index].transpose(1, 2)
     if meta.causal:  # heads unfolded: the causal kernel needs query i at row i (about 2x at 1,000 tokens)
         qp = qp.view(b, max_q, h, d).transpose(1, 2)  # [B, h, max_q, d]
         out = F.scaled_dot_product_attention(qp, keys, values, is_causal=True, scale=scale, enable_gqa=True)

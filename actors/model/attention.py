@@ -64,7 +64,7 @@ class AttnMeta:
     out_index: torch.Tensor | None  # [N] row of each token in the padded [B * max_q] layout; None = no padding
     kv_index: torch.Tensor  # [B, max_kv] flat slot of each key position (padding repeats a real key)
     mask: torch.Tensor | None  # [B, max_q, max_kv] bool, True = visible; None = all visible or causal
-    folded: dict  # group size -> mask [B, 1, g * max_q, max_kv]
+    folded: dict  # (group size, dtype) -> additive mask [B, 1, g * max_q, max_kv]
     causal: bool = False  # every sequence is a prompt from position 0 (q_len == kv_len): no mask needed
 
 
@@ -175,14 +175,18 @@ def _meta(batch: ForwardBatch, device: torch.device) -> list[tuple[torch.Tensor 
     return parts
 
 
-def _folded_mask(meta: AttnMeta, group: int) -> torch.Tensor | None:
-    """The mask repeated for the ``group`` query heads folded into the query axis: [B, 1, g * max_q, max_kv]."""
+def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The mask repeated for the ``group`` query heads folded into the query axis, as SDPA's additive
+    mask in ``dtype`` (0 visible, -inf hidden: what SDPA makes of a bool mask, on every call; made
+    here once per forward): [B, 1, g * max_q, max_kv]."""
     if meta.mask is None:
         return None
-    m = meta.folded.get(group)
+    m = meta.folded.get((group, dtype))
     if m is None:
         b, q, kv = meta.mask.shape
-        m = meta.folded[group] = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
+        folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
+        m = meta.folded[(group, dtype)] = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(
+            ~folded, float("-inf"))
     return m
 
 
@@ -208,8 +212,8 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     keys = _flat(k_cache)[meta.kv_index].transpose(1, 2)  # [B, kvh, max_kv, d]
     values = _flat(v_cache)[meta.kv_index].transpose(1, 2)
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
-        out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=_folded_mask(meta, g),
-                                             scale=scale)
+        mask = _folded_mask(meta, g, q.dtype)
+        out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=mask, scale=scale)
         return out.view(b, h, d)
     if meta.out_index is None:
         qp = q.view(b, max_q, kvh, g, d)
@@ -221,6 +225,6 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out = out.transpose(1, 2).reshape(b * max_q, h, d)
     else:
         qp = qp.permute(0, 2, 3, 1, 4).reshape(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
-        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=_folded_mask(meta, g), scale=scale)
+        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=_folded_mask(meta, g, q.dtype), scale=scale)
         out = out.view(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(b * max_q, h, d)
     return out if meta.out_index is None else out.index_select(0, meta.out_index)

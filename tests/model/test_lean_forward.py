@@ -67,3 +67,19 @@ def test_rotary_halves_give_apply_rotary_bits(dtype):
     halves = qkv.view(n, heads + 2, 2, d // 2)[:, :heads]
     out = apply_rotary_halves(halves, *rotary_halves_tables(cos, sin))
     assert out.is_contiguous() and torch.equal(out.view(n, heads, d), ref)
+
+
+def test_the_additive_folded_mask_gives_sdpa_the_bool_mask_bits():
+    from actors.model.attention import AttnMeta, _folded_mask
+
+    g = torch.Generator().manual_seed(2)
+    b, q, kv, kvh, group, d = 2, 5, 37, 2, 3, 16
+    mask = torch.rand(b, q, kv, generator=g) > 0.4
+    mask[..., 0] = True
+    meta = AttnMeta(b, q, None, torch.zeros(b, kv, dtype=torch.int64), mask, {})
+    folded_bool = mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
+    qs, k, v = (torch.randn(b, kvh, n, d, generator=g) for n in (group * q, kv, kv))
+    additive = _folded_mask(meta, group, torch.float32)
+    assert additive is _folded_mask(meta, group, torch.float32)  # made once per forward
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(qs, k, v, attn_mask=additive), sdpa(qs, k, v, attn_mask=folded_bool))

@@ -27,13 +27,19 @@ _CACHE_KEY = "paged_attention"
 def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                       dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One zero-filled (k, v) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """One zero-filled (k, v) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]: a
+    view of a flat [num_blocks * block_size, num_kv_heads, head_dim] tensor, which ``_flat`` then
+    returns as it is (a view op less each time a layer reads or writes its cache)."""
+    flat = (num_blocks * block_size, num_kv_heads, head_dim)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)]
+    return [tuple(torch.zeros(flat, dtype=dtype, device=device).view(shape) for _ in "kv") for _ in range(num_layers)]
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:  # [blocks, bs, kvh, d] -> [blocks * bs, kvh, d]
+    base = cache._base  # allocate_kv_cache's flat tensor, when it is exactly that
+    if (base is not None and base.dim() == 3 and base.shape[0] == cache.shape[0] * cache.shape[1]
+            and base.shape[1:] == cache.shape[2:] and base.data_ptr() == cache.data_ptr() and cache.is_contiguous()):
+        return base
     return cache.view(-1, cache.shape[-2], cache.shape[-1])
 
 

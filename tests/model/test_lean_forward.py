@@ -83,3 +83,15 @@ def test_the_additive_folded_mask_gives_sdpa_the_bool_mask_bits():
     assert additive is _folded_mask(meta, group, torch.float32)  # made once per forward
     sdpa = torch.nn.functional.scaled_dot_product_attention
     assert torch.equal(sdpa(qs, k, v, attn_mask=additive), sdpa(qs, k, v, attn_mask=folded_bool))
+
+
+def test_flat_cache_is_the_allocated_tensor_without_a_view_op():
+    from actors.model.attention import _flat, allocate_kv_cache
+
+    (k, v), = allocate_kv_cache(1, 5, 4, 2, 8)
+    assert k.shape == v.shape == (5, 4, 2, 8) and k.is_contiguous() and k.data_ptr() != v.data_ptr()
+    assert _flat(k) is k._base and _flat(k).shape == (20, 2, 8)
+    _flat(k)[7] = 1.0
+    assert torch.equal(k[1, 3], torch.ones(2, 8)) and int(k.count_nonzero()) == 16
+    other = torch.arange(5 * 4 * 2 * 8.0).view(5, 4, 2, 8)[1:]  # a view of something else: viewed anew
+    assert _flat(other).shape == (16, 2, 8) and _flat(other).data_ptr() == other.data_ptr()

@@ -108,11 +108,11 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"num_layers={num_layers} is out of range; use 0..{len(self.layers)}")
         if len(kv_caches) < n:
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
-        lone = batch.num_tokens == 1
-        if lone:  # two identical rows: no per-product padding (see ForwardBatch.doubled)
-            batch = batch.doubled()
         x = self.embed_tokens(batch.input_ids)  # [N, H]
         rope = rotary_halves_tables(*self.rotary.cos_sin(batch.positions))  # once per forward
+        lone = batch.num_tokens == 1
+        if lone:  # two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
+            batch, x = batch.doubled(), x.expand(2, -1)
         residual = None
         for i in range(n):
             x, residual = self.layers[i](x, residual, rope, kv_caches[i], batch)

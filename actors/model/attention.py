@@ -32,7 +32,9 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_
     returns as it is (a view op less each time a layer reads or writes its cache)."""
     flat = (num_blocks * block_size, num_kv_heads, head_dim)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    return [tuple(torch.zeros(flat, dtype=dtype, device=device).view(shape) for _ in "kv") for _ in range(num_layers)]
+    def one() -> torch.Tensor:
+        return torch.zeros(flat, dtype=dtype, device=device).view(shape)
+    return [(one(), one()) for _ in range(num_layers)]
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:  # [blocks, bs, kvh, d] -> [blocks * bs, kvh, d]
@@ -191,8 +193,8 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     if m is None:
         b, q, kv = meta.mask.shape
         folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
-        m = meta.folded[(group, dtype)] = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(
-            ~folded, float("-inf"))
+        m = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(~folded, float("-inf"))
+        meta.folded[(group, dtype)] = m
     return m
 
 
@@ -231,6 +233,7 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out = out.transpose(1, 2).reshape(b * max_q, h, d)
     else:
         qp = qp.permute(0, 2, 3, 1, 4).reshape(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
-        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=_folded_mask(meta, g, q.dtype), scale=scale)
+        mask = _folded_mask(meta, g, q.dtype)
+        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
         out = out.view(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(b * max_q, h, d)
     return out if meta.out_index is None else out.index_select(0, meta.out_index)

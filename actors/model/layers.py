@@ -124,7 +124,7 @@ class RMSNorm(nn.Module):
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype is torch.float32 is self.weight.dtype is self._eps.dtype and x.device.type == "cpu":
             # the ops of F.rms_norm's CPU composite (x*x is pow(x, 2), mean is sum then div_, then
-            # + eps: one addcdiv) in 7 dispatcher calls instead of 24: same bits (tests/model/test_lean_forward.py)
+            # + eps: one addcdiv) in 7 dispatcher calls instead of 24, same bits (tests/model/test_lean_forward.py)
             r = torch.addcdiv(self._eps, (x * x).sum(-1, keepdim=True), self._size).rsqrt_()
             return x.mul(r).mul_(self.weight)
         if x.dtype == torch.float32:

@@ -198,6 +198,11 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     return m
 
 
+def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
+    """x copied into a new contiguous tensor of its shape: empty + copy_, 2 ops (reshape's copy is 6)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                     scale: float) -> torch.Tensor:
     """q [N, h, d]; k_cache/v_cache [blocks, bs, kvh, d] (this step's K/V already written) -> [N, h, d]."""
@@ -232,8 +237,8 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out = F.scaled_dot_product_attention(qp, keys, values, is_causal=True, scale=scale, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b * max_q, h, d)
     else:
-        qp = qp.permute(0, 2, 3, 1, 4).reshape(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
+        qp = _contiguous_copy(qp.permute(0, 2, 3, 1, 4)).view(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
         mask = _folded_mask(meta, g, q.dtype)
         out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
-        out = out.view(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4).reshape(b * max_q, h, d)
+        out = _contiguous_copy(out.view(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4)).view(b * max_q, h, d)
     return out if meta.out_index is None else out.index_select(0, meta.out_index)

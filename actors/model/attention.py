@@ -198,6 +198,16 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     return m
 
 
+def _gather(cache: torch.Tensor, slots: torch.Tensor, b: int) -> torch.Tensor:
+    """The keys (or values) at flat slots [B * max_kv] of cache [blocks, bs, kvh, d] -> [B, kvh, max_kv, d]
+    (a transposed view of the gathered [B, max_kv, kvh, d]). index_select copies whole rows: 2-3x
+    faster than advanced indexing on the 2-core CPU (0.2-25 MB gathered); as_strided is the
+    view + transpose in one op."""
+    rows = _flat(cache).index_select(0, slots)  # [B * max_kv, kvh, d]
+    n, kvh, d = rows.shape
+    return rows.as_strided((b, kvh, n // b, d), (n * kvh * d // b, d, kvh * d, 1))
+
+
 def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
     """x copied into a new contiguous tensor of its shape: empty + copy_, 2 ops (reshape's copy is 6)."""
     return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
@@ -222,8 +232,8 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kvh = k_cache.shape[-2]
     g = h // kvh
     b, max_q = meta.num_seqs, meta.max_q
-    keys = _flat(k_cache)[meta.kv_index].transpose(1, 2)  # [B, kvh, max_kv, d]
-    values = _flat(v_cache)[meta.kv_index].transpose(1, 2)
+    slots = meta.kv_index.view(-1)
+    keys, values = _gather(k_cache, slots, b), _gather(v_cache, slots, b)  # [B, kvh, max_kv, d]
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
         mask = _folded_mask(meta, g, q.dtype)
         out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=mask, scale=scale)

@@ -70,7 +70,7 @@ class AttnMeta:
     num_seqs: int
     max_q: int
     out_index: torch.Tensor | None  # [N] row of each token in the padded [B * max_q] layout; None = no padding
-    kv_index: torch.Tensor  # [B, max_kv] flat slot of each key position (padding repeats a real key)
+    kv_index: torch.Tensor  # [B * max_kv] flat slot of each key position, sequence-major (padding repeats a real key)
     mask: torch.Tensor | None  # [B, max_q, max_kv] bool, True = visible; None = all visible or causal
     folded: dict  # (group size, dtype) -> additive mask [B, 1, g * max_q, max_kv]
     causal: bool = False  # every sequence is a prompt from position 0 (q_len == kv_len): no mask needed
@@ -136,7 +136,7 @@ def _group_meta(batch: ForwardBatch, seqs: list[int], q_lens_all: list[int], kv_
     pos = torch.arange(max_kv, **i64)
     pos = torch.minimum(pos.unsqueeze(0), (kv_lens_t - 1).unsqueeze(1))  # [B, max_kv], clamp padding
     blocks = tables.gather(1, pos // batch.block_size)
-    kv_index = blocks * batch.block_size + pos % batch.block_size
+    kv_index = (blocks * batch.block_size + pos % batch.block_size).view(-1)
     out_index = None
     if num_seqs > 1 and min(q_lens) != max_q:
         qsl = torch.zeros(num_seqs + 1, **i64)
@@ -232,8 +232,7 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kvh = k_cache.shape[-2]
     g = h // kvh
     b, max_q = meta.num_seqs, meta.max_q
-    slots = meta.kv_index.view(-1)
-    keys, values = _gather(k_cache, slots, b), _gather(v_cache, slots, b)  # [B, kvh, max_kv, d]
+    keys, values = _gather(k_cache, meta.kv_index, b), _gather(v_cache, meta.kv_index, b)  # [B, kvh, max_kv, d]
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
         mask = _folded_mask(meta, g, q.dtype)
         out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=mask, scale=scale)

@@ -76,7 +76,7 @@ def test_the_additive_folded_mask_gives_sdpa_the_bool_mask_bits():
     b, q, kv, kvh, group, d = 2, 5, 37, 2, 3, 16
     mask = torch.rand(b, q, kv, generator=g) > 0.4
     mask[..., 0] = True
-    meta = AttnMeta(b, q, None, torch.zeros(b, kv, dtype=torch.int64), mask, {})
+    meta = AttnMeta(b, q, None, torch.zeros(b * kv, dtype=torch.int64), mask, {})
     folded_bool = mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
     qs, k, v = (torch.randn(b, kvh, n, d, generator=g) for n in (group * q, kv, kv))
     additive = _folded_mask(meta, group, torch.float32)

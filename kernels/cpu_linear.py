@@ -55,12 +55,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in], bias [out] -> [..., out]."""
     if not uses_onednn(x, weight) or (bias is not None and bias.dtype is not weight.dtype):
         return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.shape[-1])
+    flat = x.dim() == 2  # the model's products: no reshape or view around them (each is an op)
+    rows = x if flat else x.reshape(-1, x.shape[-1])
     if rows.shape[0] == 1:  # oneDNN's 1-row kernel sums in another order: take the multi-row one
-        return _product(rows.expand(2, -1), weight, bias)[:1].view(*x.shape[:-1], -1)
-    return _product(rows, weight, bias).view(*x.shape[:-1], -1)
+        out = _product(rows.expand(2, -1), weight, bias)[:1]
+    else:
+        out = _product(rows, weight, bias)
+    return out if flat else out.view(*x.shape[:-1], -1)
 
 
 def _product(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """rows [M >= 2, in] -> [M, out]."""
-    return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), reordered(weight), bias, "none", [], "")
+    rows = rows if rows.is_contiguous() else rows.contiguous()  # .contiguous() is an op even when a no-op
+    return torch.ops.mkldnn._linear_pointwise(rows, reordered(weight), bias, "none", [], "")

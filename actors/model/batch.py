@@ -39,6 +39,18 @@ class ForwardBatch:
     def num_seqs(self) -> int:
         return int(self.kv_lens.shape[0])
 
+    def doubled(self) -> "ForwardBatch":
+        """This one-token batch as two identical sequences (same token, position, slot and keys).
+        The model runs a lone token this way so that every product has two rows: oneDNN's 1-row
+        kernel sums in another order, and padding each product separately costs a copy per product.
+        Both rows compute the same bits, so writing the slot twice stores the same K/V."""
+        if self.num_tokens != 1:
+            raise ValueError(f"doubled() is for a one-token batch; this one has {self.num_tokens} tokens")
+        qsl = torch.arange(3, dtype=self.query_start_loc.dtype, device=self.query_start_loc.device)
+        return ForwardBatch(self.input_ids.expand(2), self.positions.expand(2), self.slot_mapping.expand(2), qsl,
+                            self.kv_lens.expand(2), self.block_tables.expand(2, -1), self.block_size,
+                            self.window_masks * 2)
+
     @staticmethod
     def make_dummy(num_tokens: int = 4, block_size: int = 16, device: str | torch.device = "cpu") -> "ForwardBatch":
         """One sequence prefilling ``num_tokens`` tokens from position 0 in block 0.. (warm-up, tests)."""

@@ -24,11 +24,12 @@ from actors.model.layers import (
     SwiGLUMLP,
     TPContext,
     VocabParallelEmbedding,
-    apply_rotary,
+    apply_rotary_halves,
+    rotary_halves_tables,
 )
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [N, 1, head_dim // 2]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos [N, 1, 1, head_dim // 2], signed sin [N, 1, 2, head_dim // 2]
 
 # (our fused parameter, HF name part, shard id)
 _STACKED = (
@@ -58,14 +59,16 @@ class LlamaAttention(nn.Module):
         n, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
         if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
-            q = self.rope_write_kv(qkv, *rope, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
+            cos, signed_sin = rope  # the kernel takes +sin: the second half's row of the signed table
+            q = self.rope_write_kv(qkv, cos, signed_sin[:, :, 1], batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
-        qk = apply_rotary(qkv[:, : (h + kvh) * d].view(n, h + kvh, d), *rope)  # q and k rotated together
+        qkv = qkv.view(n, h + 2 * kvh, 2, d // 2)  # [N, heads, halves, d / 2]
+        qk = apply_rotary_halves(qkv[:, : h + kvh], *rope).view(n, h + kvh, d)  # q and k rotated together
         q, k = qk.split((h, kvh), dim=1)
-        v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
+        v = qkv[:, h + kvh:].view(n, kvh, d)
         write_kv(kv_cache[0], kv_cache[1], k, v, batch.slot_mapping)
         out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
-        return self.o_proj(out.reshape(n, h * d))
+        return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -114,11 +117,15 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) < n:
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
         x = self.embed_tokens(batch.input_ids)  # [N, H]
-        rope = self.rotary.cos_sin(batch.positions)
+        rope = rotary_halves_tables(*self.rotary.cos_sin(batch.positions))  # once per forward
+        lone = batch.num_tokens == 1 and x.device.type == "cpu"
+        if lone:  # oneDNN's products: two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
+            batch, x = batch.doubled(), x.expand(2, -1)
         residual = None
         for i in range(n):
             x, residual = self.layers[i](x, residual, rope, kv_caches[i], batch)
-        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+        x = self.norm(x) if residual is None else self.norm(x, residual)[0]
+        return x[:1] if lone else x
 
     def compute_logits(self, hidden: torch.Tensor, gather: str = "all") -> torch.Tensor | None:
         """hidden [M, H] (only the rows that need logits) -> logits [M, vocab] float32.

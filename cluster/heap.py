@@ -13,11 +13,13 @@ row-count buckets, kernels/cpu_linear.py).
 ``HeapTrimmer.maybe_trim()`` trims when ``interval_s`` has passed since the last trim and work ran
 since (``note_work``); the engine's step loop calls it between steps and when it goes idle
 (cluster/async_engine.py). Where the C library has no ``malloc_trim`` (musl, macOS) it does nothing.
+``resident_bytes()`` is the process's RSS (``specray:process_resident_memory_bytes``).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import time
 from collections.abc import Callable
 
@@ -39,6 +41,15 @@ AVAILABLE = _malloc_trim is not None
 def trim() -> bool:
     """Give every arena's free pages back to the OS; True when memory was released."""
     return bool(_malloc_trim(0)) if _malloc_trim is not None else False
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc``), None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class HeapTrimmer:

@@ -34,7 +34,8 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   blocks, usage) and the prefix-cache token counters of the KV allocator. ``num_requests_waiting``
   counts every request received and not yet running: the engine's waiting queue plus the line of
   the replica's admission control (``watch_queue``; deployments/admission.py), which
-  ``num_requests_queued`` shows alone (0 without one); ``kv.stats()`` is the
+  ``num_requests_queued`` shows alone (0 without one). ``process_resident_memory_bytes``: the
+  RSS of the engine's process (the replica; summed over replicas when merged), read at scrape time; ``kv.stats()`` is the
   one interface, so a remote KV service (``cluster.replica.RemoteKV``: an actor call) works like
   the in-process one; if it cannot answer, the KV series are left out of that scrape rather than
   reported as zeros;
@@ -56,6 +57,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from cluster.heap import resident_bytes
 
 if TYPE_CHECKING:
     from cluster.outputs import RequestOutput
@@ -216,6 +219,10 @@ class _EngineStateCollector:
                                 value=queued)
         yield GaugeMetricFamily(P + "engine_up", "1 while the engine's step loop runs",
                                 value=1.0 if self.alive is None or self.alive() else 0.0)
+        rss = resident_bytes()
+        if rss is not None:
+            yield GaugeMetricFamily(P + "process_resident_memory_bytes", "Resident memory of the engine's process",
+                                    value=rss)
         yield from self._guard_metrics()
         stats = self._kv_stats()
         if stats is None:

@@ -121,6 +121,16 @@ def test_waiting_counts_the_admission_line_too(tiny_target_dir, tiny_prompts):
     assert _v(eng.metrics.snapshot(), "num_requests_waiting") == 2
 
 
+def test_process_resident_memory_is_the_processes_rss(tiny_target_dir):
+    from cluster.heap import resident_bytes
+
+    rss = resident_bytes()
+    if rss is None:
+        pytest.skip("no /proc/self/statm here")
+    got = _v(tiny_engine(tiny_target_dir).metrics.snapshot(), "process_resident_memory_bytes")
+    assert got == pytest.approx(rss, rel=0.2) and got > 50 * 2**20
+
+
 def test_abort_and_no_speculation(tiny_target_dir, tiny_prompts):
     eng = tiny_engine(tiny_target_dir)
     eng.add_request("a", tiny_prompts[0], SamplingParams(max_tokens=8, ignore_eos=True))

@@ -101,8 +101,9 @@ class SoakResult:
         return len(self.greedy) >= 1 and len(set(self.greedy)) == 1
 
     def rss_growth(self) -> float | None:
-        """Largest RSS after the warm-up over the RSS at the warm-up, minus 1."""
-        after = [s.rss for s in self.samples if self.warm is not None and s.t >= self.warm.t and s.rss]
+        """Largest RSS after the warm-up (at rest included) over the RSS at the warm-up, minus 1."""
+        rest = [self.rest] if self.rest is not None else []
+        after = [s.rss for s in self.samples + rest if self.warm is not None and s.t >= self.warm.t and s.rss]
         if not after or not self.warm.rss:
             return None
         return max(after) / self.warm.rss - 1
@@ -292,7 +293,7 @@ def _print_sample(s: Sample, res: SoakResult, label: str = "") -> None:
 def summary(res: SoakResult, opts: SoakOptions, url: str) -> str:
     first = next((s for s in res.samples if s.rss), None)
     growth = res.rss_growth()
-    peak = max((s.rss for s in res.samples if s.rss), default=None)
+    peak = max((s.rss for s in res.samples + ([res.rest] if res.rest else []) if s.rss), default=None)
     lines = [
         f"soak: {opts.minutes:g} min at concurrency {opts.concurrency} against {url} "
         f"(cancel {opts.cancel:g}, bad {opts.bad:g}); {sum(res.statuses.values())} answers "

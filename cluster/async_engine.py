@@ -1,6 +1,8 @@
 """Async token stream over the engine: one background thread owns the engine and runs the step
 loop; callers get an async iterator of RequestOutput deltas. Cancelling the iterator (a client
-that went away) aborts the request and frees its KV blocks."""
+that went away) aborts the request and frees its KV blocks. Between steps the loop gives the heap's
+free pages back to the OS every ``trim_interval_s`` (cluster/heap.py), so a long-running server's
+RSS follows what it holds, not what it once held."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +14,7 @@ from typing import AsyncIterator
 
 from actors.sampling_params import SamplingParams
 from cluster.engine import LLMEngine
+from cluster.heap import HeapTrimmer
 from cluster.outputs import RequestOutput
 
 log = logging.getLogger("specray.async_engine")
@@ -20,8 +23,9 @@ MAX_FAILED_STEPS = 3  # failed engine steps in a row after which the engine coun
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, trim_interval_s: float = 10.0):
         self.engine = engine
+        self.heap = HeapTrimmer(trim_interval_s)
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
@@ -92,11 +96,13 @@ class AsyncLLMEngine:
         while True:
             if not self._drain_commands():
                 return
+            self.heap.maybe_trim()
             if not self.engine.has_unfinished():
                 self._idle()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
+            self.heap.note_work()
             try:
                 outs = self.engine.step()
             except Exception as e:  # a broken step must not hang callers

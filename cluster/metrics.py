@@ -31,7 +31,11 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   E2E latency; finished requests by reason; prompt tokens (at finish) and generation tokens (as
   they are emitted, so tokens/s moves while long requests stream);
 - gauges read at scrape time from the scheduler and the KV service (running / waiting requests, KV
-  blocks, usage) and the prefix-cache token counters of the KV allocator. ``kv.stats()`` is the
+  blocks, usage) and the prefix-cache token counters of the KV allocator. ``num_requests_waiting``
+  counts every request received and not yet running: the engine's waiting queue plus the line of
+  the replica's admission control (``watch_queue``; deployments/admission.py), which
+  ``num_requests_queued`` shows alone (0 without one). ``process_resident_memory_bytes``: the
+  RSS of the engine's process (the replica; summed over replicas when merged), read at scrape time; ``kv.stats()`` is the
   one interface, so a remote KV service (``cluster.replica.RemoteKV``: an actor call) works like
   the in-process one; if it cannot answer, the KV series are left out of that scrape rather than
   reported as zeros;
@@ -53,6 +57,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from cluster.heap import resident_bytes
 
 if TYPE_CHECKING:
     from cluster.outputs import RequestOutput
@@ -134,6 +140,11 @@ class EngineMetrics:
         for i in range(num_positions):
             self.accepted_per_pos.labels(position=str(i))
 
+    def watch_queue(self, num_queued: Callable[[], int]) -> None:
+        """``num_requests_queued`` reads ``num_queued()`` at scrape time (requests in the replica's
+        admission line, before the engine), and ``num_requests_waiting`` counts them too."""
+        self._state.queued = num_queued
+
     def watch_engine_loop(self, alive: Callable[[], bool]) -> None:
         """``engine_up`` reads ``alive()`` at scrape time (the step loop that runs this engine)."""
         self._state.alive = alive
@@ -194,15 +205,24 @@ class _EngineStateCollector:
         self.kv = None
         self.guard: SpecGuard | None = None
         self.alive: Callable[[], bool] | None = None
+        self.queued: Callable[[], int] | None = None
 
     def collect(self) -> Iterable[Metric]:
         s = self.scheduler
+        queued = self.queued() if self.queued is not None else 0
         yield GaugeMetricFamily(P + "num_requests_running", "Requests being computed",
                                 value=len(s.running) if s is not None else 0)
-        yield GaugeMetricFamily(P + "num_requests_waiting", "Requests waiting to be admitted",
-                                value=len(s.waiting) if s is not None else 0)
+        yield GaugeMetricFamily(P + "num_requests_waiting",
+                                "Requests received and not yet running (admission line and engine queue)",
+                                value=queued + (len(s.waiting) if s is not None else 0))
+        yield GaugeMetricFamily(P + "num_requests_queued", "Requests in the replica's admission line",
+                                value=queued)
         yield GaugeMetricFamily(P + "engine_up", "1 while the engine's step loop runs",
                                 value=1.0 if self.alive is None or self.alive() else 0.0)
+        rss = resident_bytes()
+        if rss is not None:
+            yield GaugeMetricFamily(P + "process_resident_memory_bytes", "Resident memory of the engine's process",
+                                    value=rss)
         yield from self._guard_metrics()
         stats = self._kv_stats()
         if stats is None:

@@ -12,8 +12,9 @@ OpenAI error body. A client that goes away cancels the handler, which aborts the
 frees its KV blocks (cancelling the engine's async iterator does that).
 
 Operations: the API key and the body size are checked before the body is read
-(``deployments.http_guard``); overload is answered 429 by the replica's admission control, 503
-while the engine loop is dead or the replica drains, both with Retry-After. On delete or redeploy
+(``deployments.http_guard``); overload is answered 429 by the replica's admission control (never
+by Serve's queue, see ``deployment_options``), 503 while the engine loop is dead or the replica
+drains, both with Retry-After. On delete or redeploy
 Serve stops routing to the replica and waits up to ``graceful_shutdown_timeout_s`` for requests in
 flight, so streams end normally with their finish reason and ``data: [DONE]``.
 """
@@ -141,6 +142,7 @@ class OpenAIIngress(GrpcGenerationMixin):
                               sargs.queue_timeout_s)
         self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,
                                    api_key, draining=replica_state.serve_replica_draining)
+        engine.metrics.watch_queue(lambda: admission.num_waiting)  # specray:num_requests_queued / _waiting
         replica_state.bind(ReplicaState(GuardSettings(api_key, sargs.max_request_bytes), engine.metrics))
         self.metrics_publisher = ReplicaMetricsPublisher.for_current_replica(engine.metrics)
 
@@ -195,20 +197,27 @@ class OpenAIIngress(GrpcGenerationMixin):
 
 
 # Room above max_ongoing_requests + max_queued_requests in Serve's per-replica limit for requests
-# the replica turns away itself (429 with an OpenAI body and Retry-After).
+# the replica turns away itself (429 with an OpenAI body and Retry-After): refusals take milliseconds,
+# so this many at once keeps Serve's routing moving during a burst.
 _REJECT_HEADROOM = 32
 
 
 def deployment_options(args: ServeArgs) -> dict:
-    """Serve options of the ingress deployment. Serve lets more requests into a replica than the
-    replica runs or queues, so that its ``Admission`` answers overload, in the OpenAI format.
-    Serve's own queue (per proxy) is only a backstop for floods: Serve counts a request as queued
-    while it picks a replica, so a small limit there would refuse bursts the replicas could take;
-    its refusals are plain-text 503s (Serve's proxy writes them) with Retry-After."""
+    """Serve options of the ingress deployment. Overload is answered by the replica's ``Admission``
+    (429 with an OpenAI body and Retry-After, counted in ``specray:http_requests_total``), never by
+    Serve, whose refusals are plain-text 503s written by its proxy, outside the app and its metrics:
+
+    - Serve lets more requests into a replica (``max_ongoing_requests``) than the replica runs or
+      queues, so that the extras reach the replica and are refused there;
+    - Serve's own queue (per proxy, requests waiting for a replica with room) has no limit
+      (``max_queued_requests=-1``). A request waits in it only while every replica holds
+      ``serve_limit`` requests, i.e. while ``_REJECT_HEADROOM`` refusals are under way at once, a
+      few milliseconds; a limit there refused bursts outright (Serve counts every request as
+      queued while it picks a replica: 150 at once got 18-64 plain-text 503s with a limit of 80).
+    """
     serve_limit = args.max_ongoing_requests + args.max_queued_requests + _REJECT_HEADROOM
     opts = {"max_ongoing_requests": serve_limit,
-            "max_queued_requests": serve_limit,
-            "backpressure_config": {"status_code": 503, "retry_after_s": args.retry_after_s},
+            "max_queued_requests": -1,
             "ray_actor_options": {"num_cpus": args.num_cpus, "num_gpus": args.num_gpus},
             "graceful_shutdown_timeout_s": args.graceful_shutdown_timeout_s,
             "health_check_period_s": args.health_check_period_s,

@@ -47,7 +47,8 @@ class ServeArgs(BaseModel):
     # Admission (deployments/admission.py): a replica runs at most max_ongoing_requests sequences (a
     # request with n choices counts n); up to max_queued_requests more requests wait in its line, each
     # at most queue_timeout_s; the rest are answered 429 with Retry-After and an OpenAI body, never a
-    # hang. Serve's own queue is only a backstop for floods (deployments.app.deployment_options).
+    # hang. Serve's own limits sit above these, so Serve never answers overload itself
+    # (deployments.app.deployment_options).
     max_ongoing_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(32, ge=0)
     queue_timeout_s: float = Field(30.0, gt=0, description="a queued request waits at most this long, then 429")

@@ -93,3 +93,49 @@ def test_benchmark_command_prints_the_table(capsys):
           "--vocab", "32", "--reps", "1", "--threads", "1", "--rows", "1,3"])
     out = capsys.readouterr().out
     assert "| rows | F.linear ms |" in out and "\n| 1 | " in out and "\n| 3 | " in out
+
+
+def test_row_counts_are_padded_to_few_buckets():
+    pads = [cpu_linear.padded_rows(m) for m in range(1, 1025)]
+    assert pads[:16] == list(range(1, 17))  # small products exact
+    assert all(m <= p <= m * 1.125 for m, p in enumerate(pads, start=1))
+    assert all(a <= b for a, b in zip(pads, pads[1:]))
+    assert cpu_linear.padded_rows(17) == 18 and cpu_linear.padded_rows(130) == 144
+    assert len(set(pads)) <= 16 + 8 * 6  # 1..16, then 8 per doubling up to 1024
+
+
+def _live_heap_bytes() -> int | None:
+    """Bytes malloc holds for the program (in arenas and mmapped), or None without glibc's mallinfo2."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if fn is None:
+        return None
+    fn.restype = MallInfo2
+    info = fn()
+    return info.uordblks + info.hblkhd
+
+
+@needs_onednn
+def test_new_row_counts_in_seen_buckets_cost_no_memory():
+    """oneDNN caches a primitive per product shape (~150 KB each): once every bucket has been seen,
+    row counts never seen before add nothing (exact shapes grew the caches, then churned them)."""
+    if _live_heap_bytes() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(192, 128, generator=g), torch.randn(128, 384, generator=g)]
+    with torch.inference_mode():
+        def run(row_counts):
+            for m in row_counts:
+                for w in ws:
+                    linear(torch.randn(m, w.shape[1], generator=g), w)
+
+        run(range(17, 260, 2))  # odd counts: every bucket from 18 to 288 (17 -> 18, 31 -> 32, 257 -> 288)
+        before = _live_heap_bytes()
+        run(range(18, 260, 2))  # 121 x 2 shapes never seen exactly
+        grown = _live_heap_bytes() - before
+    assert grown < 4 * 2**20, f"{grown / 2**20:.1f} MB more after products of new row counts in seen buckets"

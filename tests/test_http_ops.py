@@ -111,7 +111,7 @@ def test_bad_input_names_the_field(base_url, endpoint, body, status, field):
 
 def test_overload_is_answered_fast_and_admitted_requests_complete(base_url):
     """max_ongoing_requests=2, max_queued_requests=1, 10 at once: the extras are refused at once
-    (429 or Serve's 503) with Retry-After; every admitted request completes in full."""
+    (429) with Retry-After; every admitted request completes in full."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "ignore_eos": True}
 
     def call(_):
@@ -127,14 +127,81 @@ def test_overload_is_answered_fast_and_admitted_requests_complete(base_url):
     for r in ok:
         assert r.json()["usage"]["completion_tokens"] == 24 and r.json()["choices"][0]["finish_reason"] == "length"
     for r, dt in refused:
-        assert r.status_code in (429, 503) and dt < 3.0
-        assert r.headers["retry-after"] == "2"
-        err = _error(r, r.status_code)
-        assert err["type"] in ("rate_limit_error", "service_unavailable_error")
-    assert any(r.status_code == 429 for r, _ in refused)  # the replica's own answer, in OpenAI format
+        assert dt < 3.0 and r.headers["retry-after"] == "2"
+        assert _error(r, 429)["type"] == "rate_limit_error"  # the replica's own answer, in OpenAI format
     stats = _stats()
     assert (stats["admission_running"], stats["admission_waiting"]) == (0, 0)
     assert _post(base_url, "completions", {"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+def _http_counts(base_url) -> dict[tuple[str, str], float]:
+    """specray:http_requests_total by (route, status), from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{base_url}/metrics", timeout=30).text
+    return {(s.labels["route"], s.labels["status"]): s.value for fam in text_string_to_metric_families(text)
+            if fam.name == "specray:http_requests" for s in fam.samples if s.name.endswith("_total")}
+
+
+def _gauge(base_url, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{base_url}/metrics", timeout=30).text
+    return next(s.value for fam in text_string_to_metric_families(text) if fam.name == name for s in fam.samples)
+
+
+def test_a_burst_beyond_serve_limits_gets_only_200_or_openai_429_all_counted(base_url):
+    """105 requests at once, more than the replica runs and queues (2 + 1) and three times what
+    Serve lets into it (2 + 1 + 32): every answer comes from the app, 200 or a JSON 429 with Retry-After (Serve's own
+    plain-text 503 never), and /metrics counts each one."""
+    from deployments.app import deployment_options
+
+    opts = deployment_options(ServeArgs(**OPS_ARGS))
+    burst = 3 * opts["max_ongoing_requests"]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True}
+    before = _http_counts(base_url)
+    start = concurrent.futures.ThreadPoolExecutor(burst)
+    gate = concurrent.futures.Future()
+
+    def call(_):
+        gate.result()
+        return _post(base_url, "completions", body)
+
+    try:
+        futures = [start.submit(call, i) for i in range(burst)]
+        time.sleep(0.5)  # every thread waits at the gate: they start together
+        gate.set_result(None)
+        answers = [f.result() for f in futures]
+    finally:
+        start.shutdown()
+    statuses = [r.status_code for r in answers]
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 3, statuses
+    for r in answers:
+        assert r.headers["content-type"] == "application/json", (r.status_code, r.headers, r.text)
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "2" and _error(r, 429)["code"] == "server_overloaded"
+    after = _http_counts(base_url)
+    for status in (200, 429):
+        key = ("/v1/completions", str(status))
+        assert after.get(key, 0) - before.get(key, 0) == statuses.count(status), (status, before, after)
+
+
+def test_requests_in_the_admission_line_show_as_waiting(base_url):
+    """Two long requests run (max_ongoing_requests=2), a third waits in the replica's line:
+    specray:num_requests_queued and specray:num_requests_waiting count it."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 160, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(_post, base_url, "completions", body) for _ in range(3)]
+        seen = []
+        for _ in range(100):
+            seen.append((_gauge(base_url, "specray:num_requests_queued"),
+                         _gauge(base_url, "specray:num_requests_waiting")))
+            if seen[-1][0] == 1:
+                break
+            time.sleep(0.1)
+        assert seen[-1][0] == 1 and seen[-1][1] >= 1, seen
+        assert [f.result().status_code for f in futures] == [200] * 3
+    assert _gauge(base_url, "specray:num_requests_queued") == _gauge(base_url, "specray:num_requests_waiting") == 0
 
 
 def test_n_choices_and_logprobs_streamed_match_non_streamed(base_url):

@@ -103,6 +103,32 @@ def test_gauges_while_requests_run_and_wait(tiny_target_dir, tiny_prompts):
     used = _v(snap, "kv_blocks_used")
     assert used == eng.allocator.num_used_blocks > 0
     assert _v(snap, "kv_cache_usage_perc") == pytest.approx(used / 256)
+    assert _v(snap, "num_requests_queued") == 0  # no admission line watched
+
+
+def test_waiting_counts_the_admission_line_too(tiny_target_dir, tiny_prompts):
+    """Requests in the replica's admission line wait as much as those in the engine's queue."""
+    eng = tiny_engine(tiny_target_dir, max_num_seqs=1)
+    line = [4]
+    eng.metrics.watch_queue(lambda: line[0])
+    for i, p in enumerate(tiny_prompts[:3]):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4, ignore_eos=True))
+    eng.step()
+    snap = eng.metrics.snapshot()
+    assert _v(snap, "num_requests_running") == 1
+    assert _v(snap, "num_requests_queued") == 4 and _v(snap, "num_requests_waiting") == 2 + 4
+    line[0] = 0
+    assert _v(eng.metrics.snapshot(), "num_requests_waiting") == 2
+
+
+def test_process_resident_memory_is_the_processes_rss(tiny_target_dir):
+    from cluster.heap import resident_bytes
+
+    rss = resident_bytes()
+    if rss is None:
+        pytest.skip("no /proc/self/statm here")
+    got = _v(tiny_engine(tiny_target_dir).metrics.snapshot(), "process_resident_memory_bytes")
+    assert got == pytest.approx(rss, rel=0.2) and got > 50 * 2**20
 
 
 def test_abort_and_no_speculation(tiny_target_dir, tiny_prompts):

@@ -160,8 +160,7 @@ def test_deployment_options_follow_serve_args():
                                         num_cpus=0.5, num_gpus=1, graceful_shutdown_timeout_s=12,
                                         autoscaling={"min_replicas": 1, "max_replicas": 3}))
     assert opts["max_ongoing_requests"] > 4  # the replica's own admission answers overload first
-    assert opts["max_queued_requests"] >= opts["max_ongoing_requests"]  # Serve's queue: a backstop only
-    assert opts["backpressure_config"] == {"status_code": 503, "retry_after_s": 7}
+    assert opts["max_queued_requests"] == -1  # Serve's queue never refuses (its 503 is plain text)
     assert opts["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 1}
     assert opts["graceful_shutdown_timeout_s"] == 12 and opts["autoscaling_config"]["max_replicas"] == 3
     assert "num_replicas" not in opts

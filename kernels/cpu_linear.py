@@ -30,8 +30,16 @@ from __future__ import annotations
 
 import os
 
-import torch
-import torch.nn.functional as F
+# On CPUs with AMX (Sapphire Rapids and later), oneDNN runs bf16 products of many rows on AMX tiles
+# and of few rows on AVX512-BF16: a row's bits then depend on how many rows share its product, and
+# a verified draft would not be checked against what plain decoding computes. Capping oneDNN at
+# AVX512-BF16 keeps every row count on one kernel family (fp32 products never use AMX). oneDNN reads
+# the cap on its first primitive, so it is set before torch is imported here; a value already in the
+# environment wins.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 ENABLED = (os.environ.get("SPECRAY_CPU_LINEAR", "onednn") != "torch"  # read once: checked per product
            and torch.backends.mkldnn.is_available())

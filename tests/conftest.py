@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+
+import kernels.cpu_linear  # noqa: F401  first: it caps oneDNN's ISA before any product runs (AMX CPUs)
 import torch
 from hypothesis import settings
 

@@ -47,10 +47,12 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tree = ta.pack_tree_masks(batch.window_masks or [None] * batch.num_seqs, q.device)
         max_context = batch.block_tables.shape[1] * batch.block_size  # an upper bound of every kv_len
         segments = ta.choose_num_segments(q.shape[0], batch.num_seqs, k_cache.shape[-2], max_context)
-        meta = batch.cache[_CACHE_KEY] = (tree, segments)
-    tree, segments = meta
-    return ta.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.kv_lens, batch.block_tables,
-                              scale, tree=tree, num_segments=segments)
+        # the kernel indexes its metadata densely: a lone token's doubled batch (ForwardBatch.doubled,
+        # on CPU) holds broadcast views of one row
+        dense = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(), batch.block_tables.contiguous())
+        meta = batch.cache[_CACHE_KEY] = (tree, segments, dense)
+    tree, segments, (qsl, kv_lens, tables) = meta
+    return ta.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, tree=tree, num_segments=segments)
 
 
 def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.device | str | None = None,

@@ -59,8 +59,9 @@ class LlamaAttention(nn.Module):
         n, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
         if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
-            cos, signed_sin = rope  # the kernel takes +sin: the second half's row of the signed table
-            q = self.rope_write_kv(qkv, cos, signed_sin[:, :, 1], batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
+            cos, signed_sin = rope  # the kernel takes +sin [N, d / 2] rows of cos's stride: the signed table's second half
+            sin = signed_sin[:, :, 1].contiguous()
+            q = self.rope_write_kv(qkv, cos, sin, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
         qkv = qkv.view(n, h + 2 * kvh, 2, d // 2)  # [N, heads, halves, d / 2]
         qk = apply_rotary_halves(qkv[:, : h + kvh], *rope).view(n, h + kvh, d)  # q and k rotated together

@@ -163,7 +163,7 @@ def test_a_cancelled_request_left_unread_is_no_error_in_the_log(caplog):
             del task  # never retrieved: asyncio reports it when the task is collected
             gc.collect()
 
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="specray.grpc"):
         asyncio.run(run())
     assert [type(e).__name__ for e in seen] == ["ValueError"]
     cancels = [r for r in caplog.records if r.name == "specray.grpc"]
@@ -186,7 +186,7 @@ def test_without_a_previous_handler_other_errors_keep_the_default_report(caplog)
         del bad
         gc.collect()
 
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG, logger="specray.grpc"):
         asyncio.run(run())
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and "never retrieved" in errors[0].getMessage()

@@ -47,12 +47,13 @@ def test_replica_with_merged_drafters_matches_in_process(ray_cluster, local_outp
         client.shutdown()
 
 
-def test_killed_verifier_rank_restarts_group_and_requeues(ray_cluster, local_outputs):
-    client = RayReplicaClient(_config("layerskip:4", 3), RayOptions(tp=1))
+def _stream_killing(client, kill, tag: str) -> list[list[int]]:
+    """Stream every prompt; once a stream has 4 tokens, ``kill()`` one of the replica's actors.
+    -> the tokens each stream delivered."""
     params = SamplingParams(max_tokens=TOKENS)
 
     async def run():
-        streams = [client.stream(p, params, True, f"k{i}") for i, p in enumerate(PROMPTS)]
+        streams = [client.stream(p, params, True, f"{tag}{i}") for i, p in enumerate(PROMPTS)]
         got = {i: [] for i in range(len(PROMPTS))}
         killed = False
 
@@ -62,13 +63,18 @@ def test_killed_verifier_rank_restarts_group_and_requeues(ray_cluster, local_out
                 got[i] += out.delta_token_ids
                 if not killed and len(got[i]) >= 4:
                     killed = True
-                    rank0 = ray_cluster.get(client.actor.verifier_actors.remote())[0]
-                    ray_cluster.kill(rank0)
+                    kill()
         await asyncio.wait_for(asyncio.gather(*(drain(i, g) for i, g in enumerate(streams))), timeout=240)
         return [got[i] for i in range(len(PROMPTS))]
 
+    return asyncio.run(run())
+
+
+def test_killed_verifier_rank_restarts_group_and_requeues(ray_cluster, local_outputs):
+    client = RayReplicaClient(_config("layerskip:4", 3), RayOptions(tp=1))
     try:
-        streamed = asyncio.run(run())
+        streamed = _stream_killing(client, lambda: ray_cluster.kill(
+            ray_cluster.get(client.actor.verifier_actors.remote())[0]), "k")
         assert streamed == local_outputs  # nothing lost, nothing duplicated in the streams
         assert client.stats()["verifier_restarts"] >= 1
     finally:
@@ -78,24 +84,9 @@ def test_killed_verifier_rank_restarts_group_and_requeues(ray_cluster, local_out
 def test_killed_kv_allocator_is_replaced_and_requests_requeue(ray_cluster, local_outputs):
     client = RayReplicaClient(_config("ngram", 3), RayOptions(tp=1))
     params = SamplingParams(max_tokens=TOKENS)
-
-    async def run():
-        streams = [client.stream(p, params, True, f"kv{i}") for i, p in enumerate(PROMPTS)]
-        got = {i: [] for i in range(len(PROMPTS))}
-        killed = False
-
-        async def drain(i, gen):
-            nonlocal killed
-            async for out in gen:
-                got[i] += out.delta_token_ids
-                if not killed and len(got[i]) >= 4:
-                    killed = True
-                    ray_cluster.kill(ray_cluster.get(client.actor.kv_actor.remote()))
-        await asyncio.wait_for(asyncio.gather(*(drain(i, g) for i, g in enumerate(streams))), timeout=240)
-        return [got[i] for i in range(len(PROMPTS))]
-
     try:
-        streamed = asyncio.run(run())
+        streamed = _stream_killing(client, lambda: ray_cluster.kill(ray_cluster.get(client.actor.kv_actor.remote())),
+                                   "kv")
         assert streamed == local_outputs  # nothing lost, nothing duplicated in the streams
         stats = client.stats()
         assert stats["kv_restarts"] == 1

@@ -18,7 +18,8 @@ parent is not itself an op), i.e. what the model code asks for. Views count: eac
 dispatcher time, and on a GPU they are the host work around every launch. ``launches`` (CUDA
 only) counts the kernel-launch calls of the CUDA runtime/driver (``cudaLaunchKernel``,
 ``cuLaunchKernel``, ...) inside each scope; the device-side kernel total is printed beside it.
-Counts are deterministic: no timing enters them.
+Counts are deterministic for given shapes and thread count (no timing enters them; a few kernels
+call other nested ops when they run on several threads).
 
 Per layer: the ops inside decoder layer i's forward (scoped by wrapping each layer's ``forward`` for
 the count only). Layer 0 also builds the attention metadata the other layers reuse (built on first

@@ -178,6 +178,18 @@ def test_bad_requests_change_no_state(tiny_target_dir):
     assert eng.scheduler.num_waiting == 1 and set(eng.seqs) == {"d"}
 
 
+def _stream_all(eng, prompts) -> list[list[int]]:
+    """Step the engine by hand over every prompt; -> each request's streamed tokens, in prompt order."""
+    streamed: dict[str, list[int]] = {}
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params)
+    while eng.has_unfinished():
+        for o in eng.step():
+            streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
+    return [streamed[f"r{i}"] for i in range(len(prompts))]
+
+
 class _FlakyVerifier:
     """Fails one forward mid-generation; restart() scrambles the KV cache (a new TP group has
     none of the old K/V), so the re-queued requests must really recompute."""
@@ -208,15 +220,9 @@ def test_verifier_failure_restarts_and_requeues_without_loss(draft, tiny_target_
     eng.verifier = flaky
     if draft != "none":
         eng.proposer.verifier = flaky
-    streamed: dict[str, list[int]] = {}
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, p in enumerate(tiny_prompts):
-        eng.add_request(f"r{i}", p, params)
-    while eng.has_unfinished():
-        for o in eng.step():
-            streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
+    streamed = _stream_all(eng, tiny_prompts)
     assert flaky.restarts == 1 and eng.num_verifier_restarts == 1
-    assert [streamed[f"r{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or duplicated
+    assert streamed == tiny_baseline  # nothing lost or duplicated
     _assert_no_leak(eng)
 
 
@@ -267,13 +273,7 @@ def test_lost_kv_service_requeues_without_loss(draft, tiny_target_dir, tiny_prom
     eng = tiny_engine(tiny_target_dir, draft=draft, k=3)
     lossy = _LosingKV(eng.kv, lose_at=9)
     eng.kv = eng.scheduler.kv = lossy
-    streamed: dict[str, list[int]] = {}
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, p in enumerate(tiny_prompts):
-        eng.add_request(f"r{i}", p, params)
-    while eng.has_unfinished():
-        for o in eng.step():
-            streamed.setdefault(o.request_id, []).extend(o.delta_token_ids)
+    streamed = _stream_all(eng, tiny_prompts)
     assert lossy.num_plans > lossy.lose_at, "the service was never lost"
-    assert [streamed[f"r{i}"] for i in range(len(tiny_prompts))] == tiny_baseline  # nothing lost or repeated
+    assert streamed == tiny_baseline  # nothing lost or repeated
     _assert_no_leak(eng)

@@ -27,6 +27,13 @@ class SeqChunk:
     window_mask: torch.Tensor | None = None  # [q, w] bool; None = causal over the new tokens
 
 
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
+    ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
 def build_forward_batch(chunks: list[SeqChunk], block_size: int, device: torch.device) -> ForwardBatch:
     """Flatten per-sequence chunks into one ForwardBatch (small host lists -> tensors once)."""
     ids: list[int] = []
@@ -40,26 +47,40 @@ def build_forward_batch(chunks: list[SeqChunk], block_size: int, device: torch.d
         qsl.append(qsl[-1] + len(c.token_ids))
     width = max(len(c.block_table) for c in chunks)
     tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
-    i64 = dict(dtype=torch.int64, device=device)
     return ForwardBatch(
-        input_ids=torch.tensor(ids, **i64),
-        positions=torch.tensor(pos, **i64),
-        slot_mapping=torch.tensor(slots, **i64),
-        query_start_loc=torch.tensor(qsl, **i64),
-        kv_lens=torch.tensor([c.kv_len for c in chunks], **i64),
-        block_tables=torch.tensor(tables, **i64),
+        input_ids=to_device(ids, device),
+        positions=to_device(pos, device),
+        slot_mapping=to_device(slots, device),
+        query_start_loc=to_device(qsl, device),
+        kv_lens=to_device([c.kv_len for c in chunks], device),
+        block_tables=to_device(tables, device),
         block_size=block_size,
-        window_masks=[None if c.window_mask is None else c.window_mask.to(device) for c in chunks],
+        window_masks=[None if c.window_mask is None else c.window_mask.to(device, non_blocking=True) for c in chunks],
     )
+
+
+def graphs_usable(model: torch.nn.Module, device: torch.device) -> str | None:
+    """Why this model cannot run as CUDA graphs on ``device`` (None: it can). Graphs capture the
+    Triton backend with its fused ops: the torch reference reads batch lengths on the host."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, not {device.type}"
+    attn = next((m for m in model.modules() if hasattr(m, "rope_write_kv")), None)
+    if attn is None or attn.rope_write_kv is None:
+        return "CUDA graphs need the triton attention backend with fused ops (--attention-backend auto|triton)"
+    return None
 
 
 class Verifier:
     """Target model + its KV cache. ``forward_logits`` runs one forward and returns only the
-    logits rows that verification and sampling need (never the whole vocabulary for every token)."""
+    logits rows that verification and sampling need (never the whole vocabulary for every token).
+    On CUDA the decode and verify steps replay CUDA graphs (actors/model/graph_runner.py) unless
+    ``enforce_eager``."""
 
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int,
-                 device: torch.device, dtype: torch.dtype, num_host_blocks: int = 0):
-        """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py)."""
+                 device: torch.device, dtype: torch.dtype, num_host_blocks: int = 0,
+                 enforce_eager: bool = False, max_num_seqs: int = 64, max_model_len: int | None = None):
+        """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py);
+        max_num_seqs / max_model_len size the graphs' static inputs (default: the whole KV cache)."""
         cfg = model.config
         self.model = model
         self.num_layers = cfg.num_layers
@@ -70,6 +91,12 @@ class Verifier:
             cfg.num_layers, num_blocks, block_size, model.num_kv_heads_per_rank, cfg.head_dim, dtype, device
         )
         self.host_pool = HostKVPool(self.kv_caches, num_host_blocks) if num_host_blocks else None
+        self.graphs = None
+        if not enforce_eager and graphs_usable(model, torch.device(device)) is None:
+            from actors.model.graph_runner import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(model, self.kv_caches, block_size, max_num_seqs,
+                                          min(max_model_len or num_blocks * block_size, num_blocks * block_size))
 
     @torch.inference_mode()
     def forward_logits(self, chunks: list[SeqChunk], logit_rows: list[int],
@@ -82,17 +109,24 @@ class Verifier:
                                   num_layers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """As forward_logits, plus the final-normed hidden states of every token [N, hidden]:
         the features an EAGLE-style draft head reads (computed anyway, so they cost nothing)."""
-        batch = build_forward_batch(chunks, self.block_size, self.device)
-        hidden = self.model(batch, self.kv_caches, num_layers=num_layers)  # [N, hidden]
-        rows = torch.tensor(logit_rows, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden.index_select(0, rows)).float(), hidden
+        n = sum(len(c.token_ids) for c in chunks)
+        hidden = self.graphs.run(chunks) if self.graphs is not None and num_layers is None else None
+        if hidden is None:
+            batch = build_forward_batch(chunks, self.block_size, self.device)
+            hidden = self.model(batch, self.kv_caches, num_layers=num_layers)  # [N, hidden]
+        else:  # a graph's static output [N_pad, hidden]: this step's rows, kept past the next replay
+            hidden = hidden[:n].clone()
+        if len(logit_rows) == n and logit_rows == list(range(n)):
+            picked = hidden
+        else:
+            picked = hidden.index_select(0, to_device(logit_rows, self.device))
+        return self.model.compute_logits(picked).float(), hidden
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
         """Move K/V of accepted tree nodes to their sequence's logical positions (all layers)."""
         if not src:
             return
-        i64 = dict(dtype=torch.int64, device=self.device)
-        copy_kv_slots(self.kv_caches, torch.tensor(src, **i64), torch.tensor(dst, **i64))
+        copy_kv_slots(self.kv_caches, to_device(src, self.device), to_device(dst, self.device))
 
     def apply_block_copies(self, copies: list[BlockCopy]) -> None:
         """Execute the allocator's tier moves (evict device -> host, load host -> device), in order,

@@ -46,6 +46,9 @@ class ShardSpec:
     device: str = "cpu"
     num_threads: int = 1  # torch threads per rank: the cores a rank owns
     attention_backend: str = "auto"  # auto | torch | triton (actors.model.attention_backends)
+    # CUDA graphs at tp=1 only for now (a TP group would capture its all-reduces in lockstep)
+    enforce_eager: bool = False
+    max_num_seqs: int = 64  # sizes the graphs' static inputs
     timeout_s: float = 60.0  # bound on every step's collectives and answers
     start_timeout_s: float = 300.0  # bound on actor start, rendezvous and loading the shards
 
@@ -102,7 +105,9 @@ class VerifierShard:
         dtype = _DTYPES[self.spec.dtype]
         loaded = load_model(self.spec.model, dtype=dtype, device=self.device, tp=tp)
         set_attention_backend(loaded.model, self.spec.attention_backend, self.device)
-        self.verifier = Verifier(loaded.model, self.spec.num_blocks, self.spec.block_size, self.device, dtype)
+        self.verifier = Verifier(loaded.model, self.spec.num_blocks, self.spec.block_size, self.device, dtype,
+                                 enforce_eager=self.spec.enforce_eager or self.world > 1,
+                                 max_num_seqs=self.spec.max_num_seqs)
         self.num_layers = loaded.config.num_layers
         self.vocab_size = loaded.config.vocab_size
         if self.rank == 0 and self.world > 1:

@@ -45,6 +45,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"),
                    help="attention kernels: triton (paged KV read in place) or torch; auto = triton on CUDA")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: run every step eagerly instead of replaying CUDA graphs of the decode/verify buckets")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="recompute every prompt (benchmarks that must not reuse earlier runs' prompts)")
     p.add_argument("--kv-host-gb", type=float, default=None, metavar="G",
@@ -114,6 +116,7 @@ def engine_config_from_args(args):
         enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
         draft_overlap_micro_batches=args.draft_overlap,
         attention_backend=getattr(args, "attention_backend", "auto"),
+        enforce_eager=getattr(args, "enforce_eager", False),
         kv_offload={"host_gb": getattr(args, "kv_host_gb", None)},
     )
 

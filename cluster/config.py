@@ -170,6 +170,8 @@ class EngineConfig(BaseModel):
     # attention (and fused small ops) of the target: Triton kernels over the paged KV cache, or the
     # pure-torch reference; auto = triton on CUDA, torch on CPU (actors/model/attention_backends.py)
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # True: no CUDA graphs (decode and verify steps launch every kernel; debugging, comparisons)
+    enforce_eager: bool = False
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     # >1: split each step into micro-batches so drafter workers draft one while the target verifies
     # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.

@@ -66,7 +66,8 @@ class LLMEngine:
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
         num_host = host_blocks_for(config, loaded.config, self.dtype)
         self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
-                                             num_host_blocks=num_host)
+                                             num_host_blocks=num_host, enforce_eager=config.enforce_eager,
+                                             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if num_host and getattr(self.verifier, "host_pool", None) is None:
             raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "
                              "this verifier backend has no host tier yet (turn --kv-host-gb off)")
@@ -98,7 +99,7 @@ class LLMEngine:
     def proposer_context(self) -> ProposerContext:
         """What a proposer may use of this engine's target (built before the proposer)."""
         return ProposerContext(self.config.model, self.verifier, self.tokenizer, self.device, self.dtype,
-                               self.config.block_size, self.config.attention_backend)
+                               self.config.block_size, self.config.attention_backend, self.config.enforce_eager)
 
     def set_draft_overlap(self, num_micro_batches: int | None):
         """Verify each step in ``num_micro_batches`` parts whose drafts overlap (cluster/overlap.py;

@@ -47,7 +47,8 @@ def _build_method(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=No
         draft = draft_loaded or load_model(spec.draft_model, dtype=ctx.dtype, device=ctx.device)
         check_tokenizers_compatible(ctx.tokenizer, draft.tokenizer, ctx.model, spec.draft_model)
         set_attention_backend(draft.model, ctx.attention_backend, ctx.device)
-        runner = Verifier(draft.model, ctx.verifier.num_blocks, ctx.block_size, ctx.device, ctx.dtype)
+        runner = Verifier(draft.model, ctx.verifier.num_blocks, ctx.block_size, ctx.device, ctx.dtype,
+                          enforce_eager=ctx.enforce_eager)
         return DraftModelProposer(runner)
     if spec.method == "eagle":
         from actors.eagle.head import DEFAULT_HEADS

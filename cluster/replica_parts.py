@@ -27,7 +27,8 @@ def build_verifier_group(config: EngineConfig, meta, opts):
     pg = create_placement_group(topo, timeout_s=opts.timeout_s)
     group = ShardGroup.create(config.model, opts.tp, num_blocks, config.block_size, topology=topo,
                               placement_group=pg, dtype=_DTYPE_NAMES[str(dtype)], device=str(device),
-                              attention_backend=config.attention_backend)
+                              attention_backend=config.attention_backend, enforce_eager=config.enforce_eager,
+                              max_num_seqs=config.max_num_seqs)
     group.replica_placement_group = pg  # drafters are placed on its later bundles
     group.replica_topology = topo
     return group
@@ -50,7 +51,7 @@ def build_proposer_for(config: EngineConfig, verifier, meta, opts):
         return None
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     ctx = ProposerContext(config.model, verifier, meta.tokenizer, device, dtype, config.block_size,
-                          config.attention_backend)
+                          config.attention_backend, config.enforce_eager)
     try:
         if opts.drafters > 0 and spec.method in ("ngram", "draft"):
             return _remote_proposer(spec, ctx, opts)

@@ -134,11 +134,13 @@ def _rope_write_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, k_cach
     tl.store(qo, y1, mask=is_q)
     tl.store(qo + HALF, y2, mask=is_q)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
-    is_k = (hd >= NUM_HEADS)[:, None] & rot_ok
+    # a padded row (CUDA graph buckets) has slot -1 and writes no K/V
+    write = ((hd * 0 + slot) >= 0)[:, None]  # [BLOCK_HEADS, 1] (a scalar mask is refused when interpreted)
+    is_k = (hd >= NUM_HEADS)[:, None] & rot_ok & write
     ko = k_cache_ptr + slot * stride_kslot + (hd - NUM_HEADS)[:, None] * stride_kh + c[None, :]
     tl.store(ko, y1, mask=is_k)
     tl.store(ko + HALF, y2, mask=is_k)
-    v_ok = (hd < NUM_KV_HEADS)[:, None] & c_ok[None, :]
+    v_ok = (hd < NUM_KV_HEADS)[:, None] & c_ok[None, :] & write
     vin = row + (NUM_HEADS + NUM_KV_HEADS) * 2 * HALF + hd[:, None] * (2 * HALF) + c[None, :]
     vo = v_cache_ptr + slot * stride_kslot + hd[:, None] * stride_kh + c[None, :]
     tl.store(vo, tl.load(vin, mask=v_ok, other=0.0), mask=v_ok)
@@ -148,7 +150,8 @@ def _rope_write_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_out_ptr, k_cach
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
     """qkv [N, (h + 2 kvh) d] (rows contiguous); cos/sin [N, 1 or absent, d/2]; slot_mapping [N];
-    caches [blocks, bs, kvh, d] (contiguous) -> rotated q [N, h, d]; rotated k and v written at the slots."""
+    caches [blocks, bs, kvh, d] (contiguous) -> rotated q [N, h, d]; rotated k and v written at the slots
+    (a slot < 0 marks a padded row: nothing written)."""
     n = qkv.shape[0]
     kvh, d = k_cache.shape[-2], k_cache.shape[-1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d or kvh != num_kv_heads or qkv.stride(-1) != 1 \
@@ -156,7 +159,9 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_
         raise ValueError(f"rope_write_kv: qkv {tuple(qkv.shape)}, caches {tuple(k_cache.shape)} do not match "
                          f"h={num_heads}, kvh={num_kv_heads} with contiguous caches")
     check_launchable(qkv)
-    cos, sin = cos.reshape(n, d // 2), sin.reshape(n, d // 2)
+    # one row broadcasts to every token (the CPU forward's doubled lone token: stride 0)
+    cos, sin = cos.reshape(-1, d // 2).expand(n, -1), sin.reshape(-1, d // 2).expand(n, -1)
+    slot_mapping = slot_mapping.contiguous()  # the kernel indexes it densely (a doubled token's is a broadcast view)
     q = torch.empty(n, num_heads, d, dtype=qkv.dtype, device=qkv.device)
     if n:
         _rope_write_kv_kernel[(n,)](qkv, cos, sin, slot_mapping, q, k_cache, v_cache, qkv.stride(0), cos.stride(0),

@@ -227,6 +227,7 @@ def test_verifier_failure_restarts_and_requeues_without_loss(draft, tiny_target_
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu
 def test_engine_on_cuda(tiny_target_dir, tiny_draft_dir, tiny_prompts):
     """On CUDA: greedy speculation (n-gram, a draft model, a draft tree) gives the plain output, and
     sampled requests run: a request's generator lives on the CPU and sampling on CUDA tensors must

@@ -23,7 +23,7 @@ from actors.model.layers import RMSNorm, SwiGLUMLP
 from actors.model.llama import LlamaAttention
 
 BACKENDS = ("auto", "torch", "triton")
-_CACHE_KEY = "triton_attention"
+CACHE_KEY = "triton_attention"
 
 
 def resolve_backend(name: str, device: torch.device | str) -> str:
@@ -42,7 +42,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``batch.cache`` for every layer."""
     from kernels import triton_attention as ta
 
-    meta = batch.cache.get(_CACHE_KEY)
+    meta = batch.cache.get(CACHE_KEY)
     if meta is None:
         tree = ta.pack_tree_masks(batch.window_masks or [None] * batch.num_seqs, q.device)
         max_context = batch.block_tables.shape[1] * batch.block_size  # an upper bound of every kv_len
@@ -50,7 +50,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # the kernel indexes its metadata densely: a lone token's doubled batch (ForwardBatch.doubled,
         # on CPU) holds broadcast views of one row
         dense = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(), batch.block_tables.contiguous())
-        meta = batch.cache[_CACHE_KEY] = (tree, segments, dense)
+        meta = batch.cache[CACHE_KEY] = (tree, segments, dense)
     tree, segments, (qsl, kv_lens, tables) = meta
     return ta.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, tree=tree, num_segments=segments)
 

@@ -29,8 +29,8 @@ from actors.tree import TokenTree
 class ProposerContext:
     """What building a proposer may use of the target side: its name, its runner (a ``Verifier`` or a
     TP shard group with the same interface: layer skip and the EAGLE head use its weights, a draft
-    model sizes its own cache from it), its tokenizer, device, dtype, KV block size and attention
-    backend (a draft model runs the target's: actors.model.attention_backends)."""
+    model sizes its own cache from it), its tokenizer, device, dtype, KV block size, attention
+    backend and CUDA-graph choice (a draft model runs the target's: actors.model.attention_backends)."""
 
     model: str
     verifier: Any
@@ -39,6 +39,7 @@ class ProposerContext:
     dtype: torch.dtype
     block_size: int
     attention_backend: str = "auto"
+    enforce_eager: bool = False  # no CUDA graphs for a draft model's runner either
 
 
 @dataclass(slots=True)

@@ -162,15 +162,16 @@ def _size(path: Path) -> int:
 def prepare(out: Path, part_mb: float, repo: Path, gguf: Path, package: str) -> str:
     """Pack wheels, model parts and manifest under out; return the listing with each call's carry list."""
     wheels = ensure_wheels(out / "wheels", wheel_pins())
-    parts = split_file(gguf, out, int(part_mb * MIB))
+    size, most = gguf.stat().st_size, int(part_mb * MIB)
+    parts = split_file(gguf, out, -(-size // -(-size // most)))  # as few parts as fit, of even sizes
     manifest = write_manifest(out, gguf, package, parts, [w.name for w in wheels])
     rel = lambda p: str(p.relative_to(repo)) if p.is_relative_to(repo) else str(p)  # noqa: E731
     calls = [[out / "wheels", manifest, out / p["name"]] for p in parts]
     totals = check_carry(tree_bytes(repo), calls)
-    lines = [f"packed under {rel(out)}:"]
-    lines += [f"  wheels/{w.name:<70} {w.stat().st_size / MIB:7.2f} MiB" for w in wheels]
-    lines += [f"  {p['name']:<77} {p['size'] / MIB:7.2f} MiB" for p in parts]
-    lines.append(f"  model {gguf.name} ({package}): {gguf.stat().st_size / MIB:.2f} MiB in {len(parts)} parts")
+    rows = [(f"wheels/{w.name}", w.stat().st_size) for w in wheels] + [(p["name"], p["size"]) for p in parts]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"packed under {rel(out)}:", *(f"  {name:<{width}} {n / MIB:6.2f} MiB" for name, n in rows)]
+    lines.append(f"  model {gguf.name} ({package}): {size / MIB:.2f} MiB in {len(parts)} parts")
     for i, (carried, total) in enumerate(zip(calls, totals), 1):
         stage = "all" if i == len(calls) else "tiny"
         lines.append(f"call {i} of {len(calls)} ({total / MIB:.1f} MiB of {CARRY_LIMIT // MIB}): "
@@ -243,9 +244,11 @@ def install_wheels(wheels_dir: Path, site: Path) -> str:
     stamp, names = site / ".specray_wheels.json", json.dumps([w.name for w in wheels])
     if stamp.is_file() and stamp.read_text() == names:
         return f"already installed in {site}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)],
-                   check=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        raise RuntimeError(f"pip install --target {site} exit {res.returncode}: {res.stderr.strip()[-1500:]}")
     stamp.write_text(names)
     return f"installed {len(wheels)} wheels into {site}"
 

@@ -1,4 +1,4 @@
-"""benchmarks.gpu_harness on the CPU: model parts, manifest, reassembly, the prepare listing and the
+"""benchmarks.gpu_pack and gpu_harness on the CPU: model parts, manifest, reassembly, the prepare listing and the
 carry-size check, on a small fake GGUF and pre-placed fake wheels (no network)."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_harness as gh
+from benchmarks import gpu_pack as gp
 
-MIB = gh.MIB
+MIB = gp.MIB
 
 
 @pytest.fixture
@@ -24,28 +25,28 @@ def fake_gguf(tmp_path: Path) -> Path:
 
 def _pack(tmp_path: Path, gguf: Path, part_bytes: int = MIB) -> tuple[Path, dict]:
     out = tmp_path / "gpu"
-    parts = gh.split_file(gguf, out, part_bytes)
-    return out, json.loads(gh.write_manifest(out, gguf, "pkg", parts, ["w.whl"]).read_text())
+    parts = gp.split_file(gguf, out, part_bytes)
+    return out, json.loads(gp.write_manifest(out, gguf, "pkg", parts, ["w.whl"]).read_text())
 
 
 def test_split_manifest_reassemble(tmp_path, fake_gguf):
     out, manifest = _pack(tmp_path, fake_gguf)
     assert [p["name"] for p in manifest["parts"]] == ["part-0", "part-1", "part-2"]
     assert [p["size"] for p in manifest["parts"]] == [MIB, MIB, 123]
-    assert manifest["size"] == fake_gguf.stat().st_size and manifest["sha256"] == gh.sha256_file(fake_gguf)
-    dest = gh.reassemble(manifest, out, tmp_path / "site" / "pkg" / "model.gguf")
+    assert manifest["size"] == fake_gguf.stat().st_size and manifest["sha256"] == gp.sha256_file(fake_gguf)
+    dest = gp.reassemble(manifest, out, tmp_path / "site" / "pkg" / "model.gguf")
     assert dest.read_bytes() == fake_gguf.read_bytes()
 
 
 def test_reassemble_names_missing_and_corrupt_parts(tmp_path, fake_gguf):
     out, manifest = _pack(tmp_path, fake_gguf)
     (out / "part-1").unlink()
-    assert gh.missing_parts(manifest, out) == ["part-1"]
+    assert gp.missing_parts(manifest, out) == ["part-1"]
     with pytest.raises(FileNotFoundError, match="missing .*: part-1"):
-        gh.reassemble(manifest, out, tmp_path / "dest.gguf")
+        gp.reassemble(manifest, out, tmp_path / "dest.gguf")
     (out / "part-1").write_bytes(b"\0" * MIB)
     with pytest.raises(ValueError, match="part part-1 .* corrupt"):
-        gh.reassemble(manifest, out, tmp_path / "dest.gguf")
+        gp.reassemble(manifest, out, tmp_path / "dest.gguf")
     assert not (tmp_path / "dest.gguf").exists()
 
 
@@ -70,10 +71,10 @@ def test_place_model_waits_for_parts_then_reassembles(tmp_path, fake_gguf):
 
 
 def _fake_wheels(wheels_dir: Path) -> dict[str, str]:
-    pins = gh.wheel_pins()
+    pins = gp.wheel_pins()
     wheels_dir.mkdir(parents=True)
     for dist, version in pins.items():
-        (wheels_dir / f"{gh._norm(dist)}-{version}-py3-none-any.whl").write_bytes(b"w" * 1000)
+        (wheels_dir / f"{gp.dist_key(dist)}-{version}-py3-none-any.whl").write_bytes(b"w" * 1000)
     return pins
 
 
@@ -91,22 +92,22 @@ def test_prepare_lists_what_it_packed(tmp_path, fake_gguf, monkeypatch):
         assert "pip" not in cmd, f"downloaded although the wheels are present: {cmd}"
         return real_run(cmd, **kwargs)
 
-    monkeypatch.setattr(gh.subprocess, "run", run)
-    listing = gh.prepare(out, 1.0, repo, fake_gguf, "pkg")
+    monkeypatch.setattr(gp.subprocess, "run", run)
+    listing = gp.prepare(out, 1.0, repo, fake_gguf, "pkg")
     assert "wheels/pydantic-" in listing and "wheels/gguf-" in listing
     assert "in 3 parts" in listing
     assert 'carry [".gpu/wheels", ".gpu/manifest.json", ".gpu/part-2"]' in listing
     assert "call 3 of 3" in listing and "--stage all" in listing
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["package"] == "pkg" and len(manifest["wheels"]) == len(gh.WHEEL_DISTS)
+    assert manifest["package"] == "pkg" and len(manifest["wheels"]) == len(gp.WHEEL_DISTS)
 
 
 def test_carry_size_check_fails_clearly(tmp_path):
     part = tmp_path / "part-0"
     part.write_bytes(b"p" * MIB)
-    assert gh.check_carry(10 * MIB, [[part]], limit=12 * MIB) == [11 * MIB]
+    assert gp.check_carry(10 * MIB, [[part]], limit=12 * MIB) == [11 * MIB]
     with pytest.raises(ValueError, match=r"call 1 would move 11.0 MiB .* over the 10 MiB limit.*--part-mb 0"):
-        gh.check_carry(10 * MIB, [[part]], limit=10 * MIB)
+        gp.check_carry(10 * MIB, [[part]], limit=10 * MIB)
 
 
 def test_pytest_report_finds_summary_and_failures():

@@ -179,7 +179,8 @@ def run_tests(report: Report, env: dict, timeout: float, logs: Path) -> str:
            "--continue-on-collection-errors", *files]
     rc = run_logged(cmd, env, timeout, logs / "pytest.log")
     summary, block = pytest_report((logs / "pytest.log").read_text(errors="replace"))
-    report.sections.append(f"## Tests: `{' '.join(cmd[1:])}`\n\n{summary}\n\n```\n{block[-6000:]}\n```")
+    failures = f"\n\n```\n{block[-6000:]}\n```" if block.strip() else ""
+    report.sections.append(f"## Tests: `{' '.join(cmd[1:])}`\n\n{summary}{failures}")
     if rc is None:
         raise TimeoutError(f"pytest killed after {timeout:.0f} s; {summary}")
     if rc not in (0, 5):  # 5: nothing collected

@@ -137,9 +137,10 @@ def check_carry(repo_bytes: int, calls: list[list[Path]], limit: int = CARRY_LIM
     for i, total in enumerate(totals, 1):
         if total > limit:
             room = limit - (total - _size(calls[i - 1][-1]))
+            fix = f"rerun prepare with --part-mb {room // MIB}" if room >= MIB else "carry less"
             raise ValueError(f"call {i} would move {total / MIB:.1f} MiB (working tree {repo_bytes / MIB:.1f} "
-                             f"MiB + carried), over the {limit / MIB:.0f} MiB limit; rerun prepare with "
-                             f"--part-mb {max(room // MIB, 0)} or less, or shrink the working tree")
+                             f"MiB + carried), over the {limit / MIB:.0f} MiB limit; {fix} or shrink the "
+                             "working tree (untracked files not ignored travel too)")
     return totals
 
 

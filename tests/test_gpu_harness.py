@@ -106,8 +106,12 @@ def test_carry_size_check_fails_clearly(tmp_path):
     part = tmp_path / "part-0"
     part.write_bytes(b"p" * MIB)
     assert gp.check_carry(10 * MIB, [[part]], limit=12 * MIB) == [11 * MIB]
-    with pytest.raises(ValueError, match=r"call 1 would move 11.0 MiB .* over the 10 MiB limit.*--part-mb 0"):
+    with pytest.raises(ValueError, match=r"call 1 would move 11.0 MiB .* over the 10 MiB limit; carry less"):
         gp.check_carry(10 * MIB, [[part]], limit=10 * MIB)
+    big = tmp_path / "part-1"
+    big.write_bytes(b"p" * 5 * MIB)
+    with pytest.raises(ValueError, match="call 2 would move 15.0 MiB .* rerun prepare with --part-mb 3 or shrink"):
+        gp.check_carry(10 * MIB, [[part], [big]], limit=int(13.5 * MIB))
 
 
 def test_pytest_report_finds_summary_and_failures():

@@ -1,0 +1,281 @@
+"""One-call GPU harness: pack what a lent GPU box lacks, then run the GPU tests and benchmark there.
+
+``prepare`` (dev machine) packs the wheels the box is missing and the default model's GGUF in parts
+small enough to carry, one part per call (benchmarks/gpu_pack.py). ``device`` (GPU box) installs the wheels, stashes the parts under /tmp, reassembles
+the model once every part has arrived, runs the ``gpu`` tests and ``benchmarks.gpu_bench`` under one
+time budget and writes one results file. Standard library only at import time: the box has no
+pydantic until this has run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.gpu_pack import MIB, missing_parts, prepare, reassemble
+
+STATE = Path("/tmp/specray_gpu")  # survives between calls while the box stays warm
+MAX_OUT_FILE = 15 * MIB  # a file under $OUT comes back only under 16 MiB
+
+
+def _default_model() -> tuple[Path, str]:
+    from actors.model.registry import DEFAULT_MODEL, get_alias, resolve_alias
+
+    return resolve_alias(DEFAULT_MODEL), get_alias(DEFAULT_MODEL).package
+
+
+class Skip(Exception):
+    """A stage with nothing to do here (recorded as skipped, not failed)."""
+
+
+@dataclass
+class Report:
+    """What the device run did: one row per stage, then markdown sections."""
+    stages: list[tuple[str, str, str, float]] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)
+
+    def run(self, name: str, fn) -> bool:
+        """Run one stage; a failure is recorded and the caller goes on. True if it succeeded."""
+        t0, status = time.monotonic(), "ok"
+        try:
+            detail = fn() or ""
+        except Skip as e:
+            status, detail = "skipped", str(e)
+        except Exception as e:  # noqa: BLE001  any failure is a result to report
+            status, detail = "failed", f"{type(e).__name__}: {e}"
+        self.stages.append((name, status, detail, time.monotonic() - t0))
+        print(f"[gpu_harness] {name}: {status} {detail}", flush=True)
+        return status == "ok"
+
+    def markdown(self) -> str:
+        rows = [f"| {n} | {s} | {d.replace('|', '/')} | {t:.0f} |".replace("\n", " ") for n, s, d, t in self.stages]
+        return "\n\n".join(["# GPU harness results",
+                            "| stage | status | detail | s |\n|---|---|---|---|\n" + "\n".join(rows),
+                            *self.sections]) + "\n"
+
+
+def stash_parts(gpu_dir: Path, state: Path) -> str:
+    """Copy the manifest and any carried parts to state/, which outlives this call; stale parts go."""
+    if not (gpu_dir / "manifest.json").is_file():
+        raise Skip(f"no {gpu_dir.name}/manifest.json here: using the packages installed on this machine")
+    manifest = json.loads((gpu_dir / "manifest.json").read_text())
+    parts, kept = state / "parts", state / "manifest.json"
+    if kept.is_file() and json.loads(kept.read_text())["sha256"] != manifest["sha256"]:
+        shutil.rmtree(parts, ignore_errors=True)  # parts of another model file
+    parts.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(gpu_dir / "manifest.json", kept)
+    new = sorted(p.name for p in gpu_dir.glob("part-*"))
+    for name in new:
+        shutil.copyfile(gpu_dir / name, parts / name)
+    return f"carried {', '.join(new) or 'no part'}; stashed: {', '.join(sorted(os.listdir(parts))) or 'none'}"
+
+
+def install_wheels(wheels_dir: Path, site: Path) -> str:
+    """pip install the carried wheels into site/, once per set of wheels."""
+    wheels = sorted(wheels_dir.glob("*.whl"))
+    if not wheels:
+        raise Skip(f"no wheels in {wheels_dir}")
+    stamp, names = site / ".specray_wheels.json", json.dumps([w.name for w in wheels])
+    if stamp.is_file() and stamp.read_text() == names:
+        return f"already installed in {site}"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        raise RuntimeError(f"pip install --target {site} exit {res.returncode}: {res.stderr.strip()[-1500:]}")
+    stamp.write_text(names)
+    return f"installed {len(wheels)} wheels into {site}"
+
+
+def place_model(state: Path, site: Path) -> str:
+    """Reassemble the stashed parts into site/<package>/<gguf> once all are here."""
+    if not (state / "manifest.json").is_file():
+        raise Skip("no manifest stashed")
+    manifest = json.loads((state / "manifest.json").read_text())
+    pkg = site / manifest["package"]
+    dest = pkg / manifest["gguf"]
+    if dest.is_file() and dest.stat().st_size == manifest["size"]:
+        return f"{dest} already in place"
+    if missing := missing_parts(manifest, state / "parts"):
+        raise Skip(f"default model not assembled yet: parts still missing: {', '.join(missing)} "
+                   "(carry them in the next call)")
+    reassemble(manifest, state / "parts", dest)
+    (pkg / "__init__.py").touch()
+    return f"reassembled {dest} (sha256 checked)"
+
+
+def has_default_model() -> bool:
+    """Whether the registry finds the default model (as the tests and benchmarks will)."""
+    import importlib
+
+    importlib.invalidate_caches()
+    from actors.model.registry import DEFAULT_MODEL, resolve_alias
+
+    try:
+        return resolve_alias(DEFAULT_MODEL).is_file()
+    except ValueError:
+        return False
+
+
+def run_logged(cmd: list[str], env: dict, timeout: float, log: Path) -> int | None:
+    """Run cmd with stdout+stderr to log; kill its whole process group at timeout (then None)."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+
+
+_VERSIONS = """import importlib.metadata as m
+for d in ("torch", "triton", "transformers", "pydantic", "gguf", "accelerate", "ray"):
+    try:
+        print(d, m.version(d))
+    except m.PackageNotFoundError:
+        print(d, "ABSENT")
+import torch
+print("cuda available", torch.cuda.is_available(), "cuda", torch.version.cuda)"""
+
+
+def machine_info(env: dict) -> str:
+    """nvidia-smi -L and the versions that matter, as a markdown section."""
+    out = []
+    for cmd in (["nvidia-smi", "-L"], [sys.executable, "-c", _VERSIONS]):
+        try:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            out.append((res.stdout + res.stderr[-2000:]).strip())
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"{cmd[0]}: {type(e).__name__}: {e}")
+    return "## Machine\n\n```\n" + f"python {sys.version.split()[0]}\n" + "\n".join(out) + "\n```"
+
+
+def pytest_report(text: str) -> tuple[str, str]:
+    """The final summary line of a pytest log and its short test summary block."""
+    lines = text.splitlines()
+    summary = next((ln.strip("= ") for ln in reversed(lines)
+                    if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)|no tests ran", ln)), "no summary")
+    start = next((i for i, ln in enumerate(lines) if "short test summary info" in ln), None)
+    block = "\n".join(ln for ln in lines[start + 1:] if ln.strip("= ") != summary) if start is not None else ""
+    return summary, block
+
+
+def run_tests(report: Report, env: dict, timeout: float, logs: Path) -> str:
+    """The gpu-marked tests. Only files that mark some test `gpu` are collected (the others import what
+    the box may lack); the repo's addopts deselect gpu tests, so they are cleared here."""
+    files = sorted(str(p) for p in Path("tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+    if not files or timeout < 10:
+        raise Skip("no test file marks a test gpu" if not files else f"no time left ({timeout:.0f} s)")
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-ra", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors", *files]
+    rc = run_logged(cmd, env, timeout, logs / "pytest.log")
+    summary, block = pytest_report((logs / "pytest.log").read_text(errors="replace"))
+    failures = f"\n\n```\n{block[-6000:]}\n```" if block.strip() else ""
+    report.sections.append(f"## Tests: `{' '.join(cmd[1:])}`\n\n{summary}{failures}")
+    if rc is None:
+        raise TimeoutError(f"pytest killed after {timeout:.0f} s; {summary}")
+    if rc not in (0, 5):  # 5: nothing collected
+        raise RuntimeError(f"pytest exit {rc}: {summary}")
+    return summary
+
+
+def run_bench(report: Report, stage: str, extra: list[str], env: dict, timeout: float, out_dir: Path) -> str:
+    """benchmarks.gpu_bench; its markdown files (or else its output's tail) go into the results."""
+    if not Path("benchmarks/gpu_bench.py").is_file():
+        raise Skip("benchmarks/gpu_bench.py is absent in this checkout: no benchmark ran")
+    if timeout < 10:
+        raise Skip(f"no time left ({timeout:.0f} s)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.gpu_bench", "--stage", stage, "--out", str(out_dir), *extra]
+    rc = run_logged(cmd, env, timeout, out_dir / "bench.log")
+    mds = sorted(out_dir.glob("*.md"))
+    body = "\n\n".join(p.read_text(errors="replace") for p in mds) or \
+        "```\n" + (out_dir / "bench.log").read_text(errors="replace")[-8000:] + "\n```"
+    report.sections.append(f"## Benchmark: `{' '.join(cmd[1:])}`\n\n{body}")
+    if rc is None:
+        raise TimeoutError(f"killed after {timeout:.0f} s")
+    if rc != 0:
+        raise RuntimeError(f"exit {rc}; see bench.log")
+    return f"{len(mds)} markdown files"
+
+
+def copy_out(files: list[Path], out: Path, limit: int = 8) -> None:
+    """Copy up to `limit` files to out; one over MAX_OUT_FILE keeps its tail."""
+    for f in [f for f in files if f.is_file()][:limit]:
+        with open(f, "rb") as src, open(out / f.name, "wb") as dst:
+            src.seek(max(0, f.stat().st_size - MAX_OUT_FILE))
+            shutil.copyfileobj(src, dst)
+
+
+def sub_env(repo: Path, site: Path, state: Path, has_default: bool) -> dict:
+    """Environment of the tests and benchmark: repo and site/ importable, a model cache under state/."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECRAY_GPU_HAS_DEFAULT"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), str(site), env.get("PYTHONPATH")]))
+    env["SPECRAY_CACHE_DIR"] = str(state / "cache")
+    return env | ({"SPECRAY_GPU_HAS_DEFAULT": "1"} if has_default else {})
+
+
+def device(args: argparse.Namespace) -> int:
+    """Every device stage in order under one time budget; writes the results file. Exit 0 if all ran ok."""
+    deadline = time.monotonic() + args.budget_s
+    left = lambda: deadline - time.monotonic() - 20  # noqa: E731  20 s kept for writing the results
+    state, repo, report = args.state_dir, Path.cwd(), Report()
+    site, logs = state / "site", state / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    logs.mkdir(parents=True, exist_ok=True)
+    report.run("stash parts", lambda: stash_parts(repo / ".gpu", state))
+    report.run("install wheels", lambda: install_wheels(repo / ".gpu" / "wheels", site))
+    report.run("default model", lambda: place_model(state, site))
+    sys.path[:0] = [str(repo), str(site)]
+    has_default = has_default_model()
+    env = sub_env(repo, site, state, has_default)
+    stage = args.stage if has_default else "tiny"
+    if stage != args.stage:
+        report.sections.append(f"Default model absent: the benchmark ran `--stage tiny` instead of `{args.stage}`.")
+    report.sections.append(machine_info(env))
+    report.run("gpu tests", lambda: run_tests(report, env, min(args.tests_s, left()), logs))
+    report.run(f"bench {stage}", lambda: run_bench(report, stage, args.bench, env, left(), logs / "bench"))
+    text = report.markdown()
+    results = args.results or (Path(os.environ["OUT"]) / "gpu_results.md" if os.environ.get("OUT") else
+                               logs / "gpu_results.md")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(text)
+    if os.environ.get("OUT"):
+        bench_files = sorted(p for p in (logs / "bench").glob("*") if p.name != "bench.log")
+        copy_out([logs / "pytest.log", logs / "bench" / "bench.log", *bench_files], Path(os.environ["OUT"]), 7)
+    print(text)
+    return 0 if all(s[1] != "failed" for s in report.stages) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_harness", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="dev machine: pack wheels and model parts under --out")
+    p.add_argument("--out", type=Path, default=Path(".gpu"))
+    p.add_argument("--part-mb", type=float, default=48.0, help="largest model part, MiB (one part per call)")
+    d = sub.add_parser("device", help="GPU machine: install, reassemble, run the gpu tests and benchmark")
+    d.add_argument("--stage", choices=("tiny", "default", "all"), default="all")
+    d.add_argument("--results", type=Path, help="results markdown (default $OUT/gpu_results.md)")
+    d.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for the whole call")
+    d.add_argument("--tests-s", type=float, default=240.0, help="most of the budget the tests may use")
+    d.add_argument("--state-dir", type=Path, default=STATE, help="kept between calls while the box is warm")
+    d.add_argument("--bench", nargs=argparse.REMAINDER, default=[], help="further gpu_bench args (last)")
+    args = ap.parse_args(argv)
+    if args.cmd == "device":
+        return device(args)
+    gguf, package = _default_model()
+    repo = Path.cwd().resolve()
+    print(prepare((repo / args.out).resolve(), args.part_mb, repo, gguf.resolve(), package))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,20 +109,28 @@ class OneSequence:
         slots = [self.table[p // bs] * bs + p % bs for p in range(start, end)]
         return SeqChunk(ids, positions, slots, end, self.table[: -(-end // bs)], mask)
 
-    def prefill(self, n: int, seed: int = 0) -> None:
-        ids = torch.randint(self.vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-        logits = self.verifier.forward_logits([self._chunk(ids, list(range(n)))], [n - 1])
-        self.pos, self.last = n, int(logits[0].argmax().item())
+    def prefill(self, n: int, seed: int = 0, ids: list[int] | None = None) -> torch.Tensor:
+        """Commit ``ids`` (default: ``n`` random tokens) from position 0; returns the last row's logits [V]."""
+        if ids is None:
+            ids = torch.randint(self.vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+        logits = self.verifier.forward_logits([self._chunk(ids, list(range(len(ids))))], [len(ids) - 1])
+        self.pos, self.last = len(ids), int(logits[0].argmax().item())
+        return logits[0]
 
-    def decode_step(self) -> None:
+    def decode_step(self) -> torch.Tensor:
+        """Commit the last token and take the argmax as the next; returns its logits [V]."""
         logits = self.verifier.forward_logits([self._chunk([self.last], [self.pos])], [0])
         self.pos, self.last = self.pos + 1, int(logits[0].argmax().item())
+        return logits[0]
 
-    def verify(self, tree: TokenTree) -> None:
-        """One forward over ``tree`` (root = the last token) after the committed tokens; commits nothing."""
+    def verify(self, tree: TokenTree) -> torch.Tensor:
+        """One forward over ``tree`` (root = the last token) after the committed tokens; commits
+        nothing. Returns the logits of every node [n, V] (their argmax read back: one sync)."""
         mask = tree.ancestor_mask() if tree.size > 1 else None
         chunk = self._chunk(tree.tokens, tree.positions(self.pos), mask)
-        self.verifier.forward_logits([chunk], list(range(tree.size))).argmax(-1).tolist()
+        logits = self.verifier.forward_logits([chunk], list(range(tree.size)))
+        logits.argmax(-1).tolist()
+        return logits
 
 
 def trees(root: int, vocab: int) -> dict[str, TokenTree]:

@@ -118,7 +118,7 @@ def model_section(name: str, args, device: torch.device, out: Path) -> str:
               bound_s=bound_tpot_s(read_bytes, bandwidth), reps=args.reps,
               timer="CUDA events" if device.type == "cuda" else "clock", dtype=str(dtype).removeprefix("torch."))
     costs, failed = [], []
-    for mode, kw in verifier_modes():
+    for mode, kw in verifier_modes(device):
         try:
             costs.append(measure_steps(loaded.model, device, dtype, mode, kw, args.context, args.decode_steps,
                                        args.reps))

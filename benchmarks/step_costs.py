@@ -72,15 +72,20 @@ def measure_copy_s(device: torch.device, nbytes: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def verifier_modes() -> list[tuple[str, dict]]:
-    """(label, Verifier keywords) to measure: eager and CUDA graphs when the Verifier has a switch
-    (``enforce_eager`` or ``cuda_graphs``), else its default."""
+def verifier_modes(device: torch.device) -> list[tuple[str, dict]]:
+    """(label, Verifier keywords) to measure: on CUDA eager and CUDA graphs when the Verifier has a
+    switch (``enforce_eager`` or ``cuda_graphs``), eager only elsewhere (graphs need CUDA), its
+    default when it has none. Graph buckets are sized for the one sequence measured
+    (``max_num_seqs=1``, when the Verifier takes it: fewer captures)."""
     params = inspect.signature(Verifier).parameters
+    extra = {"max_num_seqs": 1} if "max_num_seqs" in params else {}
     if "enforce_eager" in params:
-        return [("eager", {"enforce_eager": True}), ("graphs", {"enforce_eager": False})]
-    if "cuda_graphs" in params:
-        return [("eager", {"cuda_graphs": False}), ("graphs", {"cuda_graphs": True})]
-    return [("default", {})]
+        modes = [("eager", {"enforce_eager": True}), ("graphs", {"enforce_eager": False, **extra})]
+    elif "cuda_graphs" in params:
+        modes = [("eager", {"cuda_graphs": False}), ("graphs", {"cuda_graphs": True, **extra})]
+    else:
+        return [("default", extra)]
+    return modes if torch.device(device).type == "cuda" else modes[:1]
 
 
 @dataclass(slots=True)

@@ -89,14 +89,25 @@ def test_measure_steps_times_every_shape():
 
 
 def test_verifier_modes_follow_the_constructor(monkeypatch):
-    assert sc.verifier_modes() == [("default", {})] or [m for m, _ in sc.verifier_modes()] == ["eager", "graphs"]
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [m for m, _ in sc.verifier_modes(cpu)] in (["default"], ["eager"])
 
     class WithSwitch:
-        def __init__(self, model, num_blocks, block_size, device, dtype, enforce_eager: bool = False):
+        def __init__(self, model, num_blocks, block_size, device, dtype, enforce_eager: bool = False,
+                     max_num_seqs: int = 64):
             pass
 
     monkeypatch.setattr(sc, "Verifier", WithSwitch)
-    assert sc.verifier_modes() == [("eager", {"enforce_eager": True}), ("graphs", {"enforce_eager": False})]
+    assert sc.verifier_modes(cuda) == [("eager", {"enforce_eager": True}),
+                                       ("graphs", {"enforce_eager": False, "max_num_seqs": 1})]
+    assert sc.verifier_modes(cpu) == [("eager", {"enforce_eager": True})]  # graphs need CUDA
+
+    class Plain:
+        def __init__(self, model, num_blocks, block_size, device, dtype):
+            pass
+
+    monkeypatch.setattr(sc, "Verifier", Plain)
+    assert sc.verifier_modes(cuda) == [("default", {})]
 
 
 def test_tiny_stage_from_the_command_line(tmp_path):

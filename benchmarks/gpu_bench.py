@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--context", type=int, default=512, help="tiny/8b: tokens prefilled before decoding")
     ap.add_argument("--decode-steps", type=int, default=32, help="tiny/8b: timed decode steps (after 3 warm-up)")
     ap.add_argument("--reps", type=int, default=10, help="tiny/8b: timed repeats of each copy and verify shape")
-    ap.add_argument("--copy-mb", type=int, default=None, help="tiny/8b: copied buffer (default 2048 on CUDA, 64 on CPU)")
+    ap.add_argument("--copy-mb", type=int, default=None,
+                    help="tiny/8b: copied buffer (default 2048 on CUDA, 64 on CPU)")
     ap.add_argument("--sample", type=int, default=12, help="default: prompts at c=1 (and the batch-1 peers)")
     ap.add_argument("--batch-sample", type=int, default=64, help="default: prompts at c=8 and 64 (and batch 64)")
     ap.add_argument("--max-tokens", type=int, default=128, help="default: output cap per prompt")
@@ -288,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
                 traceback.print_exc()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                md = write_section(out, name, md_table(["stage", "status"], [[name, f"failed: {msg}"]]), {"failed": msg})
+                table = md_table(["stage", "status"], [[name, f"failed: {msg}"]])
+                md = write_section(out, name, table, {"failed": msg})
         print(md, flush=True)
         print(f"# gpu_bench: stage {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     print(f"# gpu_bench: wrote {out / 'gpu_bench.md'} and {out / 'gpu_bench.json'}", file=sys.stderr, flush=True)

@@ -133,6 +133,20 @@ def test_8b_needs_cuda_and_bad_counts_are_refused(tmp_path, capsys):
     assert not (tmp_path / "gpu_bench.md").exists()
 
 
+def test_all_on_cpu_skips_8b_and_a_failing_stage_is_a_row(tmp_path, monkeypatch, capsys):
+    def boom(*a):
+        raise RuntimeError("out of memory\nmore detail")
+
+    monkeypatch.setattr(gpu_bench, "model_section", boom)
+    monkeypatch.setattr(gpu_bench, "default_section", lambda args, device, out: gpu_bench.write_section(
+        out, "default", "| ran |\n|---|", {}))
+    assert gpu_bench.main(["--stage", "all", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "gpu_bench.md").read_text()
+    assert "| tiny | failed: RuntimeError: out of memory |" in md
+    assert "| 8b | skipped: needs CUDA, not cpu |" in md and "| ran |" in md
+    assert capsys.readouterr().out.count("## ") == 3  # every section printed
+
+
 def test_sections_gather_into_one_file(tmp_path):
     gpu_bench.write_section(tmp_path, "default", "| a |\n|---|\n| 1 |", {"x": 1})
     gpu_bench.write_section(tmp_path, "tiny", "| b |\n|---|\n| 2 |", {"y": 2}, ["a note"])

@@ -23,13 +23,14 @@ class EngineBackend:
     def __init__(self, model: str, max_tokens: int | None, seed: int | None = 0, warmup: int = 1,
                  engine_options: dict | None = None):
         """seed: of the first prompt's sampling (None: sampled requests get no seed); engine_options:
-        EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype)."""
+        EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype, device)."""
         from actors.model.loader import load_model
         from cluster.runtime import resolve_device_dtype
 
         self.model, self.max_tokens, self.seed, self.warmup = model, max_tokens, seed, warmup
         self.engine_options = {k: v for k, v in (engine_options or {}).items() if v is not None}
-        self.device, self.dtype = resolve_device_dtype("auto", self.engine_options.get("dtype", "auto"))
+        self.device, self.dtype = resolve_device_dtype(self.engine_options.get("device", "auto"),
+                                                       self.engine_options.get("dtype", "auto"))
         self.loaded = load_model(model, dtype=self.dtype, device=self.device)
         self._drafts: dict[str, object] = {}
         self._verifier = None  # the target's KV cache, reused by every engine

@@ -125,6 +125,8 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
                    help="cap per prompt (default: each prompt's own max_tokens)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up requests per engine")
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument("--device", default="auto", help="the in-process target's device: auto (CUDA when present), "
+                   "cpu, cuda or cuda:N; the transformers peers run there too")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the in-process target's dtype (auto: the engine's default for the device)")
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
@@ -151,4 +153,5 @@ def check_counts(args) -> None:
 
 def engine_options(args) -> dict:
     """EngineConfig fields set from the command line (None: the engine's default)."""
-    return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb, "dtype": args.dtype}
+    return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb, "dtype": args.dtype,
+            "device": getattr(args, "device", "auto")}

@@ -1,5 +1,6 @@
 """Peer baselines (``--peers``): transformers' own ``generate`` on the same prompts, the same
-output budgets and the same weights (loaded from the converted HF directory), batch 1, greedy:
+output budgets and the same weights (loaded from the converted HF directory), greedy, on the
+engine's device and dtype (fp32 on CPU, bf16 on CUDA), batch 1 unless said otherwise:
 
 - plain greedy decoding, the counterpart of specray's ``none``;
 - prompt lookup (``prompt_lookup_num_tokens=K``), the counterpart of ``ngram`` at the same K;
@@ -7,7 +8,12 @@ output budgets and the same weights (loaded from the converted HF directory), ba
   step), the counterpart of a draft-model method;
 - self-speculation with the target's first N layers (``assistant_early_exit=N``, K constant
   drafts per step), the counterpart of ``layerskip:N``; other methods have no transformers
-  equivalent (an EAGLE head is not a model transformers can assist with).
+  equivalent (an EAGLE head is not a model transformers can assist with);
+- on CUDA only (``compiled_peers``; on CPU each is a row saying it was skipped): plain greedy
+  with a static KV cache and the decode step compiled (``torch.compile`` mode reduce-overhead:
+  CUDA graphs), which is transformers' fast path, batch 1 and in batches of up to 64 prompts
+  (the counterpart of specray's ``none`` at concurrency 64). Compilation and CUDA-graph
+  recording happen in an untimed warm-up with the timed calls' shapes.
 
 Each peer is reported with the ratio specray/peer of whole-set tokens/s, specray measured at
 concurrency 1 and temperature 0 (what the peer does).
@@ -35,48 +41,56 @@ class PeerResult:
     specray_tokens_per_s: float | None = None
     ratio: float | None = None  # specray / peer
     note: str | None = None
+    batch: int = 1  # prompts per generate call; compared with specray at concurrency = batch
+
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _hf_model(spec: str):
+def _hf_model(spec: str, device: torch.device = torch.device("cpu")):
+    """The transformers model of ``spec`` in the engine's dtype for ``device`` (fp32 on CPU, bf16 else)."""
     from transformers import AutoModelForCausalLM
 
     from actors.model.loader import resolve_model_dir
 
-    return AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(spec)), dtype=torch.float32).eval()
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(spec)), dtype=dtype).to(device).eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _timed_generate(model, encoded: list[list[int]], budgets: list[int], eos: int | None, **kw) -> tuple[int, float]:
     """Output tokens and wall time of the whole set, one prompt at a time (after one warm-up)."""
     gen = dict(do_sample=False, pad_token_id=eos, **kw)
+    device = model.device
     with torch.inference_mode():
-        model.generate(torch.tensor([encoded[0]]), max_new_tokens=4, **gen)
+        model.generate(torch.tensor([encoded[0]], device=device), max_new_tokens=4, **gen)
+        _sync(device)
         ntok, start = 0, time.perf_counter()
         for ids, budget in zip(encoded, budgets):
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=device)
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=budget, **gen)
             ntok += out.shape[1] - len(ids)
+        _sync(device)
     return ntok, time.perf_counter() - start
 
 
 def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, methods: list[str],
-              spec_tokens: list[int], threads: int | None = None) -> list[PeerResult]:
+              spec_tokens: list[int], threads: int | None = None,
+              device: str | torch.device = "cpu") -> list[PeerResult]:
     """Prompts are encoded with the target's tokenizer exactly as the engine encodes them; torch
     runs with the engine's thread count (``threads``, default all cores) so the comparison is fair."""
     import os
 
-    from actors.model.loader import load_tokenizer, resolve_model_dir
-    from cluster.prompts import PromptEncoder
-
-    torch.set_num_threads(threads or os.cpu_count() or 1)
-
-    tokenizer = load_tokenizer(resolve_model_dir(model))
-    enc = PromptEncoder(tokenizer)
-    encoded = [enc.encode(p.prompt, chat=True) for p in prompts]
-    budgets = [p.budget(max_tokens) for p in prompts]
-    target = _hf_model(model)
+    device = torch.device(device)
+    if device.type == "cpu":
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+    tokenizer, encoded, budgets = encode_prompts(model, prompts, max_tokens)
+    target = _hf_model(model, device)
     run = lambda **kw: _timed_generate(target, encoded, budgets, tokenizer.eos_token_id, **kw)  # noqa: E731
     results = [_result("transformers.generate", BASELINE, None, *run())]
     for k in spec_tokens:
@@ -91,11 +105,21 @@ def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, me
             results.append(PeerResult("transformers.assisted", m, None,
                                       note=f"skipped: {m!r} is not a draft model, assisted generation needs one"))
             continue
-        assistant = _hf_model(m)
+        assistant = _hf_model(m, device)
         for k in spec_tokens:
             _constant_drafts(assistant.generation_config, k)
             results.append(_result("transformers.assisted", m, k, *run(assistant_model=assistant)))
     return results
+
+
+def encode_prompts(model: str, prompts: list[BenchPrompt], max_tokens: int | None):
+    """(tokenizer, token ids of each prompt as the engine encodes it (chat template), output budgets)."""
+    from actors.model.loader import load_tokenizer, resolve_model_dir
+    from cluster.prompts import PromptEncoder
+
+    tokenizer = load_tokenizer(resolve_model_dir(model))
+    enc = PromptEncoder(tokenizer)
+    return tokenizer, [enc.encode(p.prompt, chat=True) for p in prompts], [p.budget(max_tokens) for p in prompts]
 
 
 def _constant_drafts(config, k: int) -> dict:
@@ -129,16 +153,17 @@ def _result(peer: str, counterpart: str, k: int | None, ntok: int, wall: float) 
 
 
 def attach_ratios(peers: list[PeerResult], rows: list[dict]) -> None:
-    """specray/peer: the counterpart's tokens/s at concurrency 1, temperature 0, same K."""
-    ours = {(r["method"], r["spec_tokens"]): r["tokens_per_s"] for r in rows  # fixed K only: an
-            if r["concurrency"] == 1 and r["temperature"] == 0 and r["tree"] is None  # adaptive row has
+    """specray/peer: the counterpart's tokens/s at concurrency = the peer's batch (1 for most),
+    temperature 0, same K."""
+    ours = {(r["method"], r["spec_tokens"], r["concurrency"]): r["tokens_per_s"] for r in rows  # fixed K only:
+            if r["temperature"] == 0 and r["tree"] is None  # an adaptive row has
             and r.get("tree_width", 1) == 1
             and not str(r.get("spec", "")).startswith("auto")}  # spec_tokens = its cap, not a K
     for p in peers:
         if p.tokens_per_s is None:
             continue
-        p.specray_tokens_per_s = ours.get((p.counterpart, p.spec_tokens))
+        p.specray_tokens_per_s = ours.get((p.counterpart, p.spec_tokens, p.batch))
         if p.specray_tokens_per_s is None:
-            p.note = "no specray run to compare: measure concurrency 1 at temperature 0"
+            p.note = f"no specray run to compare: measure concurrency {p.batch} at temperature 0"
         else:
             p.ratio = p.specray_tokens_per_s / p.tokens_per_s

@@ -75,7 +75,8 @@ def positions_table(rows: list[dict]) -> str:
 
 def peers_table(peers: list[dict]) -> str:
     head = ["peer", "specray counterpart", "K", "output tokens", "tokens/s", "specray tokens/s", "specray/peer", "note"]
-    body = [[p["peer"], p["counterpart"], fmt(p["spec_tokens"], "{}"), fmt(p["output_tokens"], "{}"),
+    body = [[p["peer"] + (f" (batch {p['batch']})" if p.get("batch", 1) > 1 else ""), p["counterpart"],
+             fmt(p["spec_tokens"], "{}"), fmt(p["output_tokens"], "{}"),
              fmt(p["tokens_per_s"]), fmt(p["specray_tokens_per_s"]), fmt(p["ratio"], "{:.2f}x"), p["note"] or ""]
             for p in peers]
     return md_table(head, body)
@@ -95,5 +96,5 @@ def markdown(doc: dict) -> str:
     if any(r["per_position_acceptance"] for r in doc["runs"]):
         parts += ["", "## Per-position acceptance", "", positions_table(doc["runs"])]
     if doc["peers"]:
-        parts += ["", "## Peers (transformers generate, batch 1, greedy)", "", peers_table(doc["peers"])]
+        parts += ["", "## Peers (transformers generate, greedy; batch 1 unless said)", "", peers_table(doc["peers"])]
     return "\n".join(parts) + "\n"

@@ -56,6 +56,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     parts += [f"--tree-nodes {args.tree_nodes}"] if args.tree_nodes else []
     parts += [f"--max-tokens {args.max_tokens}"] if args.max_tokens else []
     parts += [f"--threads {args.threads}"] if args.threads else []
+    parts += [f"--device {args.device}"] if args.device != "auto" else []
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     parts += [f"--kv-cache-gb {args.kv_cache_gb:g}"] if args.kv_cache_gb else []
     parts += ["--peers"] if args.peers else []
@@ -114,10 +115,14 @@ def cmd_bench(args) -> int:
 
 
 def _peers(args, prompts, methods, spec_tokens, rows) -> list[dict]:
+    from benchmarks.compiled_peers import compiled_peers
     from benchmarks.peers import attach_ratios, run_peers
+    from cluster.runtime import resolve_device_dtype
 
-    print("# peers: transformers generate (batch 1, greedy)", file=sys.stderr, flush=True)
-    peers = run_peers(args.model, prompts, args.max_tokens, methods, spec_tokens, args.threads)
+    device = resolve_device_dtype(args.device, "auto")[0]
+    print(f"# peers: transformers generate (greedy, {device})", file=sys.stderr, flush=True)
+    peers = run_peers(args.model, prompts, args.max_tokens, methods, spec_tokens, args.threads, device)
+    peers += compiled_peers(args.model, prompts, args.max_tokens, device)  # CUDA only; rows saying so elsewhere
     attach_ratios(peers, rows)
     return [p.to_dict() for p in peers]
 

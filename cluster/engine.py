@@ -47,8 +47,14 @@ class LLMEngine:
         metrics: where this engine's Prometheus metrics go (default: a registry of its own);
         spec_policy: an adaptive policy to go on learning in (a benchmark's engines share one, as
         the requests of a long-lived server share its engine's), else a fresh one."""
+        from actors.model import registry
         from actors.model.loader import load_model
 
+        if registry.is_random(config.model):  # before loading: random:llama-3-8b is 16-32 GB of weights
+            raise ValueError(f"model {config.model!r} has random weights and no tokenizer, which the engine needs to "
+                             "encode prompts and decode outputs; random models run only below the engine (the "
+                             "Verifier, as `python -m benchmarks.gpu_bench` does): pass an alias, a local HF model "
+                             "directory or a .gguf file")
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config.device, config.dtype)
         if self.device.type == "cpu":

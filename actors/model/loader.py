@@ -64,6 +64,10 @@ def cache_root() -> Path:
 def resolve_model_dir(spec: str | os.PathLike) -> Path:
     """HF model directory for an alias, an HF directory or a .gguf file (converted once, then cached)."""
     text = str(spec)
+    if registry.is_random(text):
+        raise ValueError(f"model {text!r} has random weights and no files (no config.json, weights or tokenizer): "
+                         "it is built in process by load_model only, e.g. by benchmarks/gpu_bench.py; pass an "
+                         "alias, a local HF model directory or a .gguf file for anything that reads files")
     if registry.is_alias(text):
         path = registry.resolve_alias(text)
     else:
@@ -169,13 +173,46 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 def load_model(spec: str | os.PathLike, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                tp: TPContext = TPContext.single()) -> LoadedModel:
-    """Build and load the model (fp32 on CPU, bf16 elsewhere by default) with its tokenizer."""
-    model_dir = resolve_model_dir(spec)
-    config = ModelConfig.from_dir(model_dir)
+    """Build and load the model (fp32 on CPU, bf16 elsewhere by default) with its tokenizer;
+    ``random:<shape>`` builds that shape with random weights on ``device`` (no files, no tokenizer)."""
     device = torch.device(device)
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    if registry.is_random(spec):
+        return load_random_model(str(spec), dtype, device, tp)
+    model_dir = resolve_model_dir(spec)
+    config = ModelConfig.from_dir(model_dir)
     with torch.device(device):
         model = LlamaForCausalLM(config, tp, dtype)
     load_safetensors(model, model_dir)
     model.eval()
     return LoadedModel(model, _LAZY, config, model_dir)
+
+
+RANDOM_INIT_STD = 0.02  # the usual initializer_range of Llama configs
+RANDOM_SEED = 0
+
+
+def load_random_model(spec: str, dtype: torch.dtype, device: torch.device, tp: TPContext = TPContext.single(),
+                      seed: int = RANDOM_SEED) -> LoadedModel:
+    """``random:<shape>`` built directly on ``device`` (never staged on the host: 8B bf16 parameters
+    fill in well under a second on a GPU), tokenizer None, model_dir the spec itself (no such path)."""
+    config = registry.random_config(spec)
+    with torch.device(device):
+        model = LlamaForCausalLM(config, tp, dtype)
+    init_random_weights(model, seed)
+    model.eval()
+    return LoadedModel(model, None, config, Path(spec))
+
+
+@torch.no_grad()
+def init_random_weights(model: torch.nn.Module, seed: int = RANDOM_SEED, std: float = RANDOM_INIT_STD) -> None:
+    """Deterministic per device: matrices ~ N(0, std) from a generator on the parameters' device,
+    norm weights 1, biases 0 (a norm of random weights would shrink every activation)."""
+    gen = None
+    for name, p in model.named_parameters():
+        if gen is None:
+            gen = torch.Generator(device=p.device).manual_seed(seed)
+        if p.dim() == 1:
+            p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+        else:
+            p.normal_(0.0, std, generator=gen)

@@ -1,0 +1,301 @@
+"""The GPU figures of issue 26 in one command, one Markdown table per section:
+
+    python -m benchmarks.gpu_bench --stage tiny|8b|default|all --out DIR [--device cuda]
+
+- ``8b``: ``random:llama-3-8b`` (bf16) on the Verifier directly: the device's copy bandwidth and the
+  bandwidth-bound TPOT it implies, plain decode TPOT at c=1 and the cost of verifying q tokens
+  relative to one (``benchmarks/step_costs.py``), eager and CUDA graphs when the Verifier has the
+  switch, else its default;
+- ``tiny``: the same on ``random:tiny`` (a smoke run: proves the path works, seconds on a CPU);
+- ``default``: the default model through the bench machinery (``specray bench``'s sweep and
+  peers): plain vs ``--draft default`` (K=5 and adaptive) at c=1, plain vs adaptive at c=8 and 64,
+  and transformers peers (eager generate, prompt lookup; on CUDA also static cache + compile,
+  batch 1 and batch 64).
+
+Each section is written when done (the ``default`` one after each part) to DIR/gpu_bench_<stage>.md
+and .json, and DIR/gpu_bench.md / .json gather every section present, so separate invocations (or
+one cut short by a time limit) still leave every finished table. A section that fails is a table
+saying why; the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import fmt, machine_info, md_table
+
+STAGES = ("tiny", "8b", "default")
+RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
+TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
+          "8b": "8b: random:llama-3-8b on the Verifier",
+          "default": "default: the engine vs transformers on the default model"}
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_section(out: Path, name: str, table: str, data: dict, notes: list[str] = ()) -> str:
+    """Write one section (Markdown + JSON) and refresh the gathered files; returns its Markdown."""
+    md = f"## {TITLES[name]}\n\n" + "".join(f"- {n}\n" for n in notes) + ("\n" if notes else "") + table + "\n"
+    (out / f"gpu_bench_{name}.md").write_text(md, encoding="utf-8")
+    (out / f"gpu_bench_{name}.json").write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    gather(out)
+    return md
+
+
+def gather(out: Path) -> None:
+    m = machine_info()
+    head = [f"# specray GPU bench, {time.strftime('%Y-%m-%d %H:%M')}", "",
+            f"- Machine: {m.get('gpu', 'no GPU')}, {m['cpu']}, torch {m['torch']}, Python {m['python']}", ""]
+    names = [n for n in STAGES if (out / f"gpu_bench_{n}.md").is_file()]
+    md = "\n".join(head + [(out / f"gpu_bench_{n}.md").read_text(encoding="utf-8") for n in names])
+    (out / "gpu_bench.md").write_text(md, encoding="utf-8")
+    doc = {"machine": m, **{n: json.loads((out / f"gpu_bench_{n}.json").read_text(encoding="utf-8")) for n in names}}
+    (out / "gpu_bench.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+# ---------------------------------------------------------------- tiny / 8b: the Verifier
+
+
+def model_rows(bw: dict, costs: list, context: int) -> list[list[str]]:
+    """The section's rows: bandwidth, weight bytes, the bound (with its formula), then per mode the
+    decode TPOT and every verify shape relative to its q=1 forward. ``bw``: copy_mb, copy_s,
+    bandwidth (bytes/s), read_bytes, total_bytes, bound_s, reps, timer, dtype."""
+    from benchmarks.step_costs import BOUND_FORMULA, trees
+
+    rows = [["device copy bandwidth", "-", f"{bw['bandwidth'] / 1e9:.1f} GB/s", "", "",
+             f"2 x {bw['copy_mb']} MiB (read + written) / median of {bw['reps']} copies ({bw['timer']})"],
+            ["weight bytes read per step", "-", f"{bw['read_bytes'] / 1e9:.4g} GB", "", "",
+             f"{bw['total_bytes'] / 1e9:.4g} GB of {bw['dtype']} parameters minus the untied input embedding "
+             "(a step reads only its tokens' rows)"],
+            ["bandwidth-bound TPOT", "-", _ms(bw["bound_s"]), f"{1 / bw['bound_s']:.1f}", "100% of bound",
+             BOUND_FORMULA]]
+    shapes = trees(0, 2)
+    for c in costs:
+        rows.append([f"plain decode TPOT, c=1, context {context}", c.mode, _ms(c.decode_s), f"{1 / c.decode_s:.1f}",
+                     f"{100 * bw['bound_s'] / c.decode_s:.0f}% of bound",
+                     f"median of {c.decode_steps} steps of 1 token, argmax .item() each (wall clock)"])
+        q1 = c.verify_s.get("chain q=1")
+        for label, s in c.verify_s.items():
+            best = shapes[label].max_depth + 1  # tokens a step emits when every draft is accepted
+            rows.append([f"verify {label}", c.mode, _ms(s), f"{best / s:.1f}",
+                         f"{s / q1:.2f}x q=1" if q1 else "",
+                         f"one forward, logits for all nodes, median of {c.verify_reps}; tokens/s if all "
+                         f"{best} accepted"])
+    return rows
+
+
+MODEL_HEAD = ["quantity", "mode", "value", "tokens/s", "relative", "how"]
+
+
+def model_section(name: str, args, device: torch.device, out: Path) -> str:
+    from actors.model.attention_backends import set_attention_backend
+    from actors.model.loader import load_model
+    from benchmarks.step_costs import (bound_tpot_s, copy_bandwidth, measure_copy_s, measure_steps,
+                                       step_weight_bytes, verifier_modes)
+
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    t0 = time.perf_counter()
+    loaded = load_model(RANDOM_SPECS[name], dtype=dtype, device=device)
+    _sync(device)
+    init_s = time.perf_counter() - t0
+    backend = set_attention_backend(loaded.model, "auto")
+    read_bytes, total_bytes = step_weight_bytes(loaded.model)
+    copy_mb = args.copy_mb or (2048 if device.type == "cuda" else 64)
+    copy_s = measure_copy_s(device, copy_mb << 20, args.reps)
+    bandwidth = copy_bandwidth(copy_mb << 20, copy_s)
+    bw = dict(copy_mb=copy_mb, copy_s=copy_s, bandwidth=bandwidth, read_bytes=read_bytes, total_bytes=total_bytes,
+              bound_s=bound_tpot_s(read_bytes, bandwidth), reps=args.reps,
+              timer="CUDA events" if device.type == "cuda" else "clock", dtype=str(dtype).removeprefix("torch."))
+    costs, failed = [], []
+    for mode, kw in verifier_modes(device):
+        try:
+            costs.append(measure_steps(loaded.model, device, dtype, mode, kw, args.context, args.decode_steps,
+                                       args.reps))
+        except Exception as e:  # noqa: BLE001  one mode failing leaves the others' rows
+            traceback.print_exc()
+            failed.append(f"mode {mode} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    del loaded
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    notes = [f"{RANDOM_SPECS[name]}, {bw['dtype']} on {device}, attention backend {backend}; weights filled "
+             f"on the device in {init_s:.1f} s", *failed]
+    data = {"model": RANDOM_SPECS[name], "device": str(device), "context": args.context, "init_s": init_s,
+            "bandwidth": bw, "modes": [{"mode": c.mode, "decode_s": c.decode_s, "verify_s": c.verify_s,
+                                        "decode_steps": c.decode_steps, "verify_reps": c.verify_reps} for c in costs],
+            "failed": failed}
+    return write_section(out, name, md_table(MODEL_HEAD, model_rows(bw, costs, args.context)), data, notes)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- default: the engine and its peers
+
+
+DEFAULT_HEAD = ["run", "spec", "conc", "tokens/s", "TPOT p50 ms", "speedup vs plain", "mean acc. len",
+                "specray / peer", "note"]
+
+
+def default_rows(rows: list[dict], peers: list[dict]) -> list[list[str]]:
+    """specray runs (bench rows) then peers (PeerResult dicts), as table rows."""
+    out = [[f"specray {r['method']}", r["spec"], str(r["concurrency"]), fmt(r["tokens_per_s"]),
+            fmt(r["tpot_p50_s"], "{:.1f}", 1e3), fmt(r["speedup"], "{:.2f}x"), fmt(r["mean_accepted_length"]), "-",
+            f"{r['num_errors']} errors" if r["num_errors"] else ""] for r in rows]
+    out += [[p["peer"], fmt(p["spec_tokens"], "K={}"), str(p.get("batch", 1)), fmt(p["tokens_per_s"]), "-", "-",
+             "-", fmt(p["ratio"], "{:.2f}x"), p["note"] or ""] for p in peers]
+    return out
+
+
+def default_section(args, device: torch.device, out: Path) -> str:
+    from actors.model import registry
+
+    model = registry.DEFAULT_MODEL
+    try:
+        registry.resolve_alias(model)
+    except ValueError as e:
+        return write_section(out, "default", md_table(["model", "status"], [[model, f"missing: {e}"]]),
+                             {"model": model, "missing": str(e)})
+    from benchmarks.engine_bench import EngineBackend
+    from benchmarks.options import select_prompts
+    from benchmarks.results import add_speedups
+
+    path, prompts = select_prompts(None, args.sample, 0)
+    _, batch_prompts = select_prompts(None, args.batch_sample, 0)
+    options = {"device": str(device), "kv_cache_gb": args.kv_cache_gb if device.type == "cuda" else None}
+    backend = EngineBackend(model, args.max_tokens, 0, 1, options)
+    dtype = str(backend.dtype).removeprefix("torch.")
+    notes = [f"{model}, {dtype} on {device}; prompts: {path.name}, stratified sample (seed 0) of {len(prompts)} at "
+             f"c=1 / batch 1, {len(batch_prompts)} at c=8 and 64 / batch 64; max tokens {args.max_tokens}; greedy",
+             "tokens/s = output tokens of the whole set / its wall time; speedup vs specray none at the same "
+             "concurrency; specray / peer: specray none (prompt lookup: ngram, not run here) at concurrency = the "
+             "peer's batch"]
+    rows, peers = [], []
+
+    def save() -> str:
+        from benchmarks.peers import PeerResult, attach_ratios
+
+        add_speedups(rows)
+        objs = [PeerResult(**p) for p in peers]
+        attach_ratios(objs, rows)
+        peers[:] = [p.to_dict() for p in objs]
+        data = {"model": model, "device": str(device), "notes": notes, "runs": rows, "peers": peers}
+        return write_section(out, "default", md_table(DEFAULT_HEAD, default_rows(rows, peers)), data, notes)
+
+    for part in default_parts(args, backend, model, device, prompts, batch_prompts):
+        try:
+            new_rows, new_peers = part()
+        except Exception as e:  # noqa: BLE001  one part failing leaves the others' rows
+            traceback.print_exc()
+            new_rows, new_peers = [], []
+            notes.append(f"a part failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        rows += new_rows
+        peers += new_peers
+        md = save()
+    return md
+
+
+def default_parts(args, backend, model: str, device: torch.device, prompts, batch_prompts) -> list:
+    """The default section's parts, most important first: each returns (bench rows, peer dicts)."""
+    from benchmarks.compiled_peers import compiled_peers
+    from benchmarks.peers import run_peers
+    from benchmarks.results import run_row
+    from benchmarks.sweep import iter_runs, plan_groups
+
+    def runs(spec_tokens, ps, concurrency):
+        groups = plan_groups(["default"], spec_tokens, None, adaptive=True)
+        return [run_row(r) for r in iter_runs(backend, groups, ps, [0.0], concurrency)], []
+
+    def peer(fn):
+        return lambda: ([], [p.to_dict() for p in fn()])
+
+    parts = [lambda: runs([5], prompts, [1])]
+    if args.peers != "none":
+        parts.append(peer(lambda: run_peers(model, prompts, args.max_tokens, ["default"], [5], device=device)))
+    parts.append(lambda: runs([], batch_prompts, [8, 64]))
+    if args.peers == "all":
+        parts.append(peer(lambda: compiled_peers(model, prompts, args.max_tokens, device, batches=(1,))))
+        parts.append(peer(lambda: compiled_peers(model, batch_prompts, args.max_tokens, device, batches=(64,))))
+    return parts
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", choices=(*STAGES, "all"), default="all", help="all = tiny, 8b, default in turn")
+    ap.add_argument("--out", required=True, metavar="DIR", help="writes gpu_bench.md/.json and one pair per stage")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    ap.add_argument("--context", type=int, default=512, help="tiny/8b: tokens prefilled before decoding")
+    ap.add_argument("--decode-steps", type=int, default=32, help="tiny/8b: timed decode steps (after 3 warm-up)")
+    ap.add_argument("--reps", type=int, default=10, help="tiny/8b: timed repeats of each copy and verify shape")
+    ap.add_argument("--copy-mb", type=int, default=None,
+                    help="tiny/8b: copied buffer (default 2048 on CUDA, 64 on CPU)")
+    ap.add_argument("--sample", type=int, default=12, help="default: prompts at c=1 (and the batch-1 peers)")
+    ap.add_argument("--batch-sample", type=int, default=64, help="default: prompts at c=8 and 64 (and batch 64)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="default: output cap per prompt")
+    ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="default: the engine's KV cache on CUDA")
+    ap.add_argument("--peers", choices=("all", "eager", "none"), default="all",
+                    help="default: transformers peers: all (eager, prompt lookup and, on CUDA, static cache + "
+                         "compile), eager, or none")
+    return ap
+
+
+def _check(args) -> None:
+    for flag in ("context", "decode_steps", "reps", "sample", "batch_sample", "max_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    if args.copy_mb is not None and args.copy_mb < 1:
+        raise ValueError(f"--copy-mb {args.copy_mb}: must be at least 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _check(args)
+        from cluster.runtime import resolve_device_dtype
+
+        device = resolve_device_dtype(args.device, "auto")[0]
+        stages = STAGES if args.stage == "all" else (args.stage,)
+        if args.stage == "8b" and device.type != "cuda":
+            raise ValueError(f"--stage 8b needs CUDA (16 GB of bf16 weights); on {device} run --stage tiny")
+    except ValueError as e:
+        print(f"gpu_bench: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in stages:
+        t0 = time.perf_counter()
+        print(f"# gpu_bench: stage {name} on {device} ...", file=sys.stderr, flush=True)
+        if name == "8b" and device.type != "cuda":
+            md = write_section(out, name, md_table(["stage", "status"], [[name, f"skipped: needs CUDA, not {device}"]]),
+                               {"skipped": f"needs CUDA, not {device}"})
+        else:
+            try:
+                md = default_section(args, device, out) if name == "default" else model_section(name, args, device, out)
+            except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
+                traceback.print_exc()
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                table = md_table(["stage", "status"], [[name, f"failed: {msg}"]])
+                md = write_section(out, name, table, {"failed": msg})
+        print(md, flush=True)
+        print(f"# gpu_bench: stage {name} took {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(f"# gpu_bench: wrote {out / 'gpu_bench.md'} and {out / 'gpu_bench.json'}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

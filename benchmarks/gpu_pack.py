@@ -162,7 +162,7 @@ def prepare(out: Path, part_mb: float, repo: Path, gguf: Path, package: str) -> 
     lines = [f"packed under {rel(out)}:", *(f"  {name:<{width}} {n / MIB:6.2f} MiB" for name, n in rows)]
     lines.append(f"  model {gguf.name} ({package}): {size / MIB:.2f} MiB in {len(parts)} parts")
     for i, (carried, total) in enumerate(zip(calls, totals), 1):
-        stage = "all" if i == len(calls) else "tiny"
+        stage = "default" if i == len(calls) else "8b"
         lines.append(f"call {i} of {len(calls)} ({total / MIB:.1f} MiB of {CARRY_LIMIT // MIB}): "
                      f"python3 -m benchmarks.gpu_harness device --stage {stage}")
         lines.append(f"  carry {json.dumps([rel(p) for p in carried])}")

@@ -97,7 +97,7 @@ def test_prepare_lists_what_it_packed(tmp_path, fake_gguf, monkeypatch):
     assert "wheels/pydantic-" in listing and "wheels/gguf-" in listing
     assert "in 3 parts" in listing
     assert 'carry [".gpu/wheels", ".gpu/manifest.json", ".gpu/part-2"]' in listing
-    assert "call 3 of 3" in listing and "--stage all" in listing
+    assert "call 3 of 3" in listing and "--stage default" in listing and "--stage 8b" in listing
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["package"] == "pkg" and len(manifest["wheels"]) == len(gp.WHEEL_DISTS)
 

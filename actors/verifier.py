@@ -12,7 +12,7 @@ import torch
 from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
-from actors.model.batch import ForwardBatch
+from actors.model.batch import ForwardBatch, to_device
 
 
 @dataclass(slots=True)
@@ -25,13 +25,6 @@ class SeqChunk:
     kv_len: int  # key positions [0, kv_len) visible after the write
     block_table: list[int]
     window_mask: torch.Tensor | None = None  # [q, w] bool; None = causal over the new tokens
-
-
-def to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
-    ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
-    t = torch.tensor(values, dtype=torch.int64)
-    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
 def build_forward_batch(chunks: list[SeqChunk], block_size: int, device: torch.device) -> ForwardBatch:

@@ -30,11 +30,12 @@ import torch
 
 from benchmarks.report import fmt, machine_info, md_table
 
-STAGES = ("tiny", "8b", "default")
+STAGES = ("tiny", "8b", "default", "host")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
 TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "8b": "8b: random:llama-3-8b on the Verifier",
-          "default": "default: the engine vs transformers on the default model"}
+          "default": "default: the engine vs transformers on the default model",
+          "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)"}
 
 
 # ---------------------------------------------------------------- output
@@ -85,6 +86,11 @@ def model_rows(bw: dict, costs: list, context: int) -> list[list[str]]:
         rows.append([f"plain decode TPOT, c=1, context {context}", c.mode, _ms(c.decode_s), f"{1 / c.decode_s:.1f}",
                      f"{100 * bw['bound_s'] / c.decode_s:.0f}% of bound",
                      f"median of {c.decode_steps} steps of 1 token, argmax .item() each (wall clock)"])
+        if c.launches:
+            n = c.launches
+            rows.append(["kernels per decode step", c.mode, str(n["kernels"]), "", f"{n['launch_calls']} launch calls",
+                         f"torch.profiler over one step: device kernels; host kernel-launch calls "
+                         f"({n['graph_launches']} graph replays)"])
         q1 = c.verify_s.get("chain q=1")
         for label, s in c.verify_s.items():
             best = shapes[label].max_depth + 1  # tokens a step emits when every draft is accepted
@@ -110,6 +116,7 @@ def model_section(name: str, args, device: torch.device, out: Path) -> str:
     _sync(device)
     init_s = time.perf_counter() - t0
     backend = set_attention_backend(loaded.model, "auto")
+    cfg = loaded.config
     read_bytes, total_bytes = step_weight_bytes(loaded.model)
     copy_mb = args.copy_mb or (2048 if device.type == "cuda" else 64)
     copy_s = measure_copy_s(device, copy_mb << 20, args.reps)
@@ -131,10 +138,29 @@ def model_section(name: str, args, device: torch.device, out: Path) -> str:
     notes = [f"{RANDOM_SPECS[name]}, {bw['dtype']} on {device}, attention backend {backend}; weights filled "
              f"on the device in {init_s:.1f} s", *failed]
     data = {"model": RANDOM_SPECS[name], "device": str(device), "context": args.context, "init_s": init_s,
-            "bandwidth": bw, "modes": [{"mode": c.mode, "decode_s": c.decode_s, "verify_s": c.verify_s,
+            "bandwidth": bw, "modes": [{"mode": c.mode, "decode_s": c.decode_s, "verify_s": c.verify_s, "launches": c.launches,
                                         "decode_steps": c.decode_steps, "verify_reps": c.verify_reps} for c in costs],
             "failed": failed}
-    return write_section(out, name, md_table(MODEL_HEAD, model_rows(bw, costs, args.context)), data, notes)
+    rows = model_rows(bw, costs, args.context) + tp_rows(costs, cfg, dtype)
+    return write_section(out, name, md_table(MODEL_HEAD, rows), data, notes)
+
+
+NVLINK_A100 = (300e9, 10e-6)  # one GPU's NVLink 3 bandwidth in one direction; a small NCCL all-reduce's latency
+
+
+def tp_rows(costs: list, cfg, dtype: torch.dtype) -> list[list[str]]:
+    """TP=4 over NVLink, estimated from the fastest measured one-GPU decode step (benchmarks.tp_estimate)."""
+    from benchmarks.tp_estimate import tp_step_estimate
+
+    if not costs:
+        return []
+    best = min(costs, key=lambda c: c.decode_s)
+    e = tp_step_estimate(best.decode_s, cfg.num_layers, cfg.hidden_size, 1, torch.finfo(dtype).bits // 8, 4,
+                         *NVLINK_A100)
+    return [["TP=4 decode step (estimate)", best.mode, _ms(e.step_s), f"{1 / e.step_s:.1f}",
+             f"{e.comm_s * 1e3:.2f} ms all-reduce",
+             f"measured one-GPU step / 4 + {e.allreduces} all-reduces of {e.allreduce_bytes // e.allreduces} B "
+             f"(ring over NVLink {NVLINK_A100[0] / 1e9:.0f} GB/s per direction + {NVLINK_A100[1] * 1e6:.0f} us each)"]]
 
 
 def _sync(device: torch.device) -> None:
@@ -231,12 +257,21 @@ def default_parts(args, backend, model: str, device: torch.device, prompts, batc
     return parts
 
 
+def host_section(args, device: torch.device, out: Path) -> str:
+    from benchmarks import host_profile
+
+    rows = host_profile.run(str(device), ["none", "default"], [1, 64], args.sample, args.max_tokens)
+    notes = [f"{args.sample} stratified bench prompts, max tokens {args.max_tokens}, greedy; "
+             "adaptive speculation (auto K<=5); phase shares from cProfile scaled to the unprofiled step time"]
+    return write_section(out, "host", host_profile.table(rows), {"rows": rows}, notes)
+
+
 # ---------------------------------------------------------------- command line
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--stage", choices=(*STAGES, "all"), default="all", help="all = tiny, 8b, default in turn")
+    ap.add_argument("--stage", default="all", help=f"one or more of {', '.join(STAGES)} (comma-separated), or all")
     ap.add_argument("--out", required=True, metavar="DIR", help="writes gpu_bench.md/.json and one pair per stage")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
     ap.add_argument("--context", type=int, default=512, help="tiny/8b: tokens prefilled before decoding")
@@ -254,6 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_stages(text: str) -> tuple[str, ...]:
+    """'all' or comma-separated stage names -> the stages in the order given."""
+    if text == "all":
+        return STAGES
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [n for n in names if n not in STAGES]
+    if bad or not names:
+        raise ValueError(f"--stage {text!r}: use one or more of {', '.join(STAGES)} (comma-separated), or all")
+    return names
+
+
 def _check(args) -> None:
     for flag in ("context", "decode_steps", "reps", "sample", "batch_sample", "max_tokens"):
         if getattr(args, flag) < 1:
@@ -269,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.runtime import resolve_device_dtype
 
         device = resolve_device_dtype(args.device, "auto")[0]
-        stages = STAGES if args.stage == "all" else (args.stage,)
-        if args.stage == "8b" and device.type != "cuda":
+        stages = parse_stages(args.stage)
+        if stages == ("8b",) and device.type != "cuda":
             raise ValueError(f"--stage 8b needs CUDA (16 GB of bf16 weights); on {device} run --stage tiny")
     except ValueError as e:
         print(f"gpu_bench: error: {e}", file=sys.stderr)
@@ -285,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                                {"skipped": f"needs CUDA, not {device}"})
         else:
             try:
-                md = default_section(args, device, out) if name == "default" else model_section(name, args, device, out)
+                md = (default_section(args, device, out) if name == "default" else host_section(args, device, out)
+                      if name == "host" else model_section(name, args, device, out))
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
                 traceback.print_exc()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

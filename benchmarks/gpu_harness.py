@@ -237,7 +237,7 @@ def device(args: argparse.Namespace) -> int:
     sys.path[:0] = [str(repo), str(site)]
     has_default = has_default_model()
     env = sub_env(repo, site, state, has_default)
-    stage = args.stage if has_default or args.stage in ("tiny", "8b") else "8b"  # 8b needs no files
+    stage = args.stage if has_default or set(args.stage.split(",")) <= {"tiny", "8b"} else "8b"  # 8b needs no files
     if stage != args.stage:
         report.sections.append(f"Default model absent: the benchmark ran `--stage {stage}` instead of `{args.stage}`.")
     report.sections.append(machine_info(env))
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path(".gpu"))
     p.add_argument("--part-mb", type=float, default=48.0, help="largest model part, MiB (one part per call)")
     d = sub.add_parser("device", help="GPU machine: install, reassemble, run the gpu tests and benchmark")
-    d.add_argument("--stage", choices=("tiny", "8b", "default", "all"), default="all")
+    d.add_argument("--stage", default="all", help="gpu_bench stages: tiny, 8b, default, host (comma-separated) or all")
     d.add_argument("--results", type=Path, help="results markdown (default $OUT/gpu_results.md)")
     d.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for the whole call")
     d.add_argument("--tests-s", type=float, default=240.0, help="most of the budget the tests may use")

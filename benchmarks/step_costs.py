@@ -95,6 +95,23 @@ class StepCosts:
     verify_s: dict[str, float] = field(default_factory=dict)  # tree label -> median seconds of its forward
     decode_steps: int = 0
     verify_reps: int = 0
+    launches: dict[str, int] = field(default_factory=dict)  # one decode step: device kernels, launch API calls
+
+
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
+
+
+def count_launches(fn) -> dict[str, int]:
+    """One call of ``fn`` under torch.profiler (CUDA): kernels run on the device, kernel-launch API
+    calls made by the host (a CUDA graph replay is one ``cudaGraphLaunch`` running many kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    events = prof.key_averages()
+    return {"kernels": sum(e.count for e in events if e.device_type.name == "CUDA"),
+            "launch_calls": sum(e.count for e in events if e.key in LAUNCH_CALLS),
+            "graph_launches": sum(e.count for e in events if e.key == "cudaGraphLaunch")}
 
 
 class OneSequence:
@@ -166,7 +183,8 @@ def measure_steps(model, device: torch.device, dtype: torch.dtype, mode: str, ve
     seq.prefill(context)
     decode_s = _median_s(seq.decode_step, decode_steps, warmup)
     verify_s = {label: _median_s(lambda t=t: seq.verify(t), reps, 2) for label, t in trees(seq.last, seq.vocab).items()}
+    launches = count_launches(seq.decode_step) if device.type == "cuda" else {}
     del seq
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return StepCosts(mode, decode_s, verify_s, decode_steps, reps)
+    return StepCosts(mode, decode_s, verify_s, decode_steps, reps, launches)

@@ -140,11 +140,21 @@ def test_all_on_cpu_skips_8b_and_a_failing_stage_is_a_row(tmp_path, monkeypatch,
     monkeypatch.setattr(gpu_bench, "model_section", boom)
     monkeypatch.setattr(gpu_bench, "default_section", lambda args, device, out: gpu_bench.write_section(
         out, "default", "| ran |\n|---|", {}))
+    monkeypatch.setattr(gpu_bench, "host_section", lambda args, device, out: gpu_bench.write_section(
+        out, "host", "| host ran |\n|---|", {}))
     assert gpu_bench.main(["--stage", "all", "--device", "cpu", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "gpu_bench.md").read_text()
     assert "| tiny | failed: RuntimeError: out of memory |" in md
     assert "| 8b | skipped: needs CUDA, not cpu |" in md and "| ran |" in md
-    assert capsys.readouterr().out.count("## ") == 3  # every section printed
+    assert "| host ran |" in md
+    assert capsys.readouterr().out.count("## ") == 4  # every section printed
+
+
+def test_stages_parse():
+    assert gpu_bench.parse_stages("all") == gpu_bench.STAGES
+    assert gpu_bench.parse_stages("default,host") == ("default", "host")
+    with pytest.raises(ValueError, match="'gpu'"):
+        gpu_bench.parse_stages("gpu")
 
 
 def test_sections_gather_into_one_file(tmp_path):
@@ -274,3 +284,61 @@ def test_the_graphs_mode_buckets_score_the_same_on_interpreted_triton():
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "same logits 8" in res.stdout
+
+
+@pytest.mark.model
+def test_host_profile_splits_the_step_by_phase():
+    """benchmarks.host_profile on the default model (CPU, 2 prompts, 3 tokens): every step is
+    counted and the phases it names are found in the profile (no phase silently 0)."""
+    from benchmarks import host_profile
+
+    rows = host_profile.run("cpu", ["none"], [2], sample=2, max_tokens=3)
+    (r,) = rows
+    assert r["steps"] >= 3 and r["tokens"] == 6 and r["step_ms"] > 0
+    for phase in ("schedule", "forward (enqueue)", "verify + commit", "emit + detokenize"):
+        assert r["phases_ms"][phase] > 0, phase
+    assert r["phases_ms"]["draft"] < 0.1 * r["step_ms"]  # plain decoding: drafting returns at once
+    assert "| none | 2 |" in host_profile.table(rows)
+
+
+def test_tp_estimate_arithmetic():
+    from benchmarks.tp_estimate import tp_step_estimate
+
+    one = tp_step_estimate(0.006, 32, 4096, 1, 2, 1, 300e9, 10e-6)
+    assert one.step_s == 0.006 and one.comm_s == 0.0
+    four = tp_step_estimate(0.006, 32, 4096, 1, 2, 4, 300e9, 10e-6)
+    assert four.allreduces == 64 and four.allreduce_bytes == 64 * 4096 * 2
+    per_call = 1.5 * 4096 * 2 / 300e9 + 10e-6  # ring: 2 (p-1)/p of the message, plus the latency
+    assert abs(four.comm_s - 64 * per_call) < 1e-12 and abs(four.step_s - (0.0015 + 64 * per_call)) < 1e-12
+    with pytest.raises(ValueError, match="tp=0"):
+        tp_step_estimate(0.006, 32, 4096, 1, 2, 0, 300e9, 10e-6)
+
+
+def test_attention_bench_runs_and_agrees(monkeypatch):
+    """benchmarks.attention_bench on tiny shapes (CPU, Triton interpreted): every column measured, and
+    the three implementations it times compute the same attention for a decode batch and a tree."""
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from actors.model.attention import paged_attention
+    from actors.model.attention_backends import triton_paged_attention
+    from benchmarks import attention_bench as ab
+
+    monkeypatch.setattr(ab, "H", 4)
+    monkeypatch.setattr(ab, "KVH", 2)
+    monkeypatch.setattr(ab, "D", 16)
+    rows = [ab.measure(2, 40, None, torch.device("cpu"), reps=1), ab.measure(1, 40, 7, torch.device("cpu"), reps=1)]
+    assert all(r["triton_s"] > 0 and r["torch_ref_s"] > 0 and r["sdpa_dense_s"] > 0 for r in rows)
+    assert "| 1 | 40 | 7 |" in ab.table(rows)
+    for tree in (None, 7):
+        window = ab.ancestor_mask(ab.tree_parents(tree)) if tree else None
+        q, k, v, fb, dk, dv = ab.case(2, 40, tree or 1, window, torch.device("cpu"), torch.float32)
+        want = paged_attention(q, k, v, fb, 0.25)
+        torch.testing.assert_close(triton_paged_attention(q, k, v, fb, 0.25), want, atol=1e-4, rtol=1e-4)
+        mask = None
+        if window is not None:
+            mask = torch.ones(tree, 40, dtype=torch.bool)
+            mask[:, 40 - tree:] = window
+        qd = q.view(2, tree or 1, 4, 16).transpose(1, 2)
+        dense = torch.nn.functional.scaled_dot_product_attention(qd, dk, dv, attn_mask=mask, scale=0.25, enable_gqa=True)
+        torch.testing.assert_close(dense.transpose(1, 2).reshape(q.shape), want, atol=1e-4, rtol=1e-4)

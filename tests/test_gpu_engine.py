@@ -103,3 +103,29 @@ def test_default_model_speculation_equals_plain_with_graphs(default_gpu, chat_pr
     assert sum(o.num_accepted_tokens for o in outs) > 0, "no draft token was accepted"
     same = sum(a == b for a, b in zip(_ids(outs), plain))
     assert same == N_PROMPTS, f"only {same}/{N_PROMPTS} prompts identical to plain decoding"
+
+
+def test_tp1_shard_replays_graphs_like_eager(tiny_target_dir):
+    """The TP shard at tp=1 on CUDA (the NCCL path's single-GPU shape) replays graphs and gives the
+    eager verifier's logits for a prefill then decode steps."""
+    from actors.model.loader import load_model
+    from actors.verifier import SeqChunk, Verifier
+    from actors.verifier_shard import ShardSpec, VerifierShard
+
+    shard = VerifierShard(ShardSpec(str(tiny_target_dir), 1, 32, 4, device="cuda"), 0)
+    shard.setup()
+    assert shard.verifier.graphs is not None
+    model = load_model(tiny_target_dir, dtype=torch.float32, device="cuda").model
+    from actors.model.attention_backends import set_attention_backend
+
+    set_attention_backend(model, "auto")
+    eager = Verifier(model, 32, 4, torch.device("cuda"), torch.float32, enforce_eager=True)
+    table = list(range(8))
+    chunks = [SeqChunk(list(range(3, 10)), list(range(7)), list(range(7)), 7, table[:2])]
+    chunks += [SeqChunk([11 + i], [7 + i], [7 + i], 8 + i, table[: (8 + i + 3) // 4]) for i in range(4)]
+    for c in chunks:
+        rows = [len(c.token_ids) - 1]
+        got, _ = shard.forward([c], rows)
+        want = eager.forward_logits([c], rows).cpu()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert shard.verifier.graphs.num_replays >= 4

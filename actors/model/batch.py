@@ -18,6 +18,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
+    ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
 @dataclass(slots=True)
 class ForwardBatch:
     input_ids: torch.Tensor  # [N] int64

@@ -16,9 +16,11 @@ match the target's token more often than independent draws. Verification stays l
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from actors.model.batch import to_device
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
 from actors.eagle.head import EagleHead
@@ -123,7 +125,7 @@ class EagleProposer(Proposer):
             if not go:
                 return trees
             live, idx, tips = [live[j] for j in go], [idx[j] for j in go], [tips[j] for j in go]
-            toks = torch.tensor([toks[j] for j in go], device=self.device)
+            toks = to_device([toks[j] for j in go], self.device)
             feats = self._draft_step(toks, feats[go], [reqs[i] for i in live], idx)
             idx = [a + 1 for a in idx]
 
@@ -144,15 +146,14 @@ class EagleProposer(Proposer):
             pos += range(start, start + len(f))
             sizes.append(len(f))
         dev = self.device
-        out = self._block(torch.tensor(toks, device=dev), torch.cat(feats), torch.tensor(pos, device=dev), reqs,
-                          sizes, committed=True)
-        last = torch.tensor(sizes, device=self.device).cumsum(0) - 1
+        out = self._block(to_device(toks, dev), torch.cat(feats), to_device(pos, dev), reqs, sizes, committed=True)
+        last = to_device(np.cumsum(sizes).tolist(), dev) - 1
         return out[last], [self.states[r.seq_id].fed for r in reqs]
 
     def _draft_step(self, toks: torch.Tensor, feats: torch.Tensor, reqs: list[DraftRequest],
                     idx: list[int]) -> torch.Tensor:
         """One speculative entry per sequence at cache index idx (not committed) -> f̂ [B, H]."""
-        pos = torch.tensor([self.states[r.seq_id].base + i for r, i in zip(reqs, idx)], device=self.device)
+        pos = to_device([self.states[r.seq_id].base + i for r, i in zip(reqs, idx)], self.device)
         return self._block(toks, feats, pos, reqs, [1] * len(reqs), committed=False, at=idx)
 
     def _block(self, toks, feats, pos, reqs, sizes, committed: bool, at: list[int] | None = None):
@@ -173,11 +174,12 @@ class EagleProposer(Proposer):
         """Add depth+1's nodes under each chain tip; returns the token each chain continues with."""
         logits = self.head.logits(feats).float()  # [B, Vd]
         vocab = self.head.draft_vocab
+        top = self._greedy_top(logits, reqs, [r.expansion[depth] for r in reqs], with_logprobs=False)
         nxt = []
         for j, (i, r) in enumerate(zip(live, reqs)):
             width, tree = r.expansion[depth], trees[i]
             if r.params.greedy:
-                picks = vocab[logits[j].topk(width).indices].tolist()
+                picks = top[j][0][:width]
                 nodes = [tree.add(tips[j], t) for t in picks]
             elif r.params.seed is None:  # draws from q, siblings distinct: multi-step speculative sampling
                 p = r.params
@@ -195,6 +197,24 @@ class EagleProposer(Proposer):
             tips[j] = nodes[0]
             nxt.append(picks[0])
         return nxt
+
+    def _greedy_top(self, logits: torch.Tensor, reqs: list[DraftRequest], widths: list[int],
+                    with_logprobs: bool) -> dict[int, tuple[list[int], list[float]]]:
+        """logits [R, Vd]: for every row of a greedy request, its top-``widths[row]`` draft tokens
+        (target ids) and, if asked, their log-probabilities; one top-k over the rows and one read back
+        (each row's own top-k would read back once per row: a device sync each on CUDA)."""
+        rows = [i for i, r in enumerate(reqs) if r.params.greedy]
+        if not rows:
+            return {}
+        sel = logits if len(rows) == len(reqs) else logits[to_device(rows, logits.device)]
+        scores = torch.log_softmax(sel, -1) if with_logprobs else sel
+        top = scores.topk(max(widths[i] for i in rows))
+        toks = self.head.draft_vocab[top.indices]
+        both = torch.cat((toks.to(top.values.dtype), top.values)) if with_logprobs else toks
+        flat = both.tolist()
+        n = len(rows)
+        return {i: ([int(t) for t in flat[k]][: widths[i]], flat[n + k][: widths[i]] if with_logprobs else [])
+                for k, i in enumerate(rows)}
 
     def _whole_vocab(self, q_small: torch.Tensor) -> torch.Tensor:
         """q_small [..., Vd] over the draft vocabulary -> [..., V] over the target's (0 outside the
@@ -243,12 +263,13 @@ class EagleProposer(Proposer):
         """Per row: the ``tree_width`` best next tokens and their draft log-probabilities."""
         logits = self.head.logits(feats).float()  # [R, Vd]
         vocab, w = self.head.draft_vocab, self.tree_width
+        row_reqs = [reqs[j] for j, _ in rows]
+        top = self._greedy_top(logits, row_reqs, [w] * len(rows), with_logprobs=True)
         out = []
         for row, (j, _) in enumerate(rows):
             r = reqs[j]
             if r.params.greedy:
-                top = torch.log_softmax(logits[row], -1).topk(w)
-                out.append(list(zip(vocab[top.indices].tolist(), top.values.tolist())))
+                out.append(list(zip(*top[row])))
                 continue
             p = r.params
             q_small = logits_to_probs(logits[row], p.temperature, p.top_k, p.top_p)
@@ -260,8 +281,8 @@ class EagleProposer(Proposer):
     def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> torch.Tensor:
         """Head entries for the frontier nodes ``front`` [(request, pool node)] from their parents'
         feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H]."""
-        toks = torch.tensor([pools[j].tokens[c] for j, c in front], device=self.device)
-        pos = torch.tensor([reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front], device=self.device)
+        toks = to_device([pools[j].tokens[c] for j, c in front], self.device)
+        pos = to_device([reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front], self.device)
         head = self.head
         h = head.entry(toks, feats)
         q, k, v = head.qkv_rope(h, pos)
@@ -269,7 +290,7 @@ class EagleProposer(Proposer):
         for j in dict.fromkeys(j for j, _ in front):
             rows = [i for i, (jj, _) in enumerate(front) if jj == j]
             at, n = nxt[j], len(rows)
-            visible = torch.zeros(n, at + n, dtype=torch.bool, device=self.device)
+            visible = np.zeros((n, at + n), dtype=bool)  # built on the host: one copy, not a launch per entry
             visible[:, : idx[j]] = True
             for i, row in enumerate(rows):
                 c = front[row][1]
@@ -279,7 +300,8 @@ class EagleProposer(Proposer):
                     visible[i, entry[j][anc]] = True
                     anc = pools[j].parents[anc]
                 visible[i, at + i] = True
-            outs.append(self.states[reqs[j].seq_id].attend(q[rows], k[rows], v[rows], at, visible))
+            mask = torch.from_numpy(visible).to(self.device, non_blocking=True)
+            outs.append(self.states[reqs[j].seq_id].attend(q[rows], k[rows], v[rows], at, mask))
             nxt[j] = at + n
         return head.finish(h, torch.cat(outs))
 

@@ -1,0 +1,138 @@
+"""The Triton paged-attention kernel timed against the pure-torch reference backend and against
+``F.scaled_dot_product_attention`` on dense K/V of the same shape (issue 25's GPU part):
+
+    python -m benchmarks.attention_bench [--device cuda] [--contexts 512,4096,16384] [--batches 1,16,64]
+
+Llama-3-8B's attention shape per layer (32 query heads, 8 KV heads, head_dim 128, bf16 on CUDA),
+KV blocks of 16 shuffled through the pool. Decode: one query token per sequence at each context
+and batch; tree: a 64-node token tree verified by one sequence. The dense SDPA reads K/V already
+gathered (the cost a paged kernel must approach, not a way to serve). Times: median of CUDA-event
+timed launches (wall clock on CPU)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+H, KVH, D, BS = 32, 8, 128, 16
+
+
+def _timed(fn, device: torch.device, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def tree_parents(n: int) -> list[int]:
+    """A bushy n-node tree: node i's parent is (i - 1) // 3 (root 0, three children each)."""
+    return [-1] + [(i - 1) // 3 for i in range(1, n)]
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool: node i sees j when j is i or an ancestor of i."""
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+def case(batch: int, context: int, q_per_seq: int, window: torch.Tensor | None, device: torch.device,
+         dtype: torch.dtype, seed: int = 0):
+    """Random paged K/V for ``batch`` sequences of ``context`` keys (the new tokens' included) and q."""
+    from actors.model.batch import ForwardBatch
+
+    per_seq = -(-context // BS)
+    num_blocks = batch * per_seq + 1
+    g = torch.Generator().manual_seed(seed)
+    tables = torch.randperm(num_blocks - 1, generator=g)[: batch * per_seq].view(batch, per_seq) + 1
+    k = torch.randn(num_blocks, BS, KVH, D, generator=g).to(device, dtype)
+    v = torch.randn(num_blocks, BS, KVH, D, generator=g).to(device, dtype)
+    q = torch.randn(batch * q_per_seq, H, D, generator=g).to(device, dtype)
+    i64 = dict(dtype=torch.int64, device=device)
+    fb = ForwardBatch(input_ids=torch.zeros(batch * q_per_seq, **i64), positions=torch.zeros(batch * q_per_seq, **i64),
+                      slot_mapping=torch.zeros(batch * q_per_seq, **i64),
+                      query_start_loc=torch.arange(0, batch * q_per_seq + 1, q_per_seq, **i64),
+                      kv_lens=torch.full((batch,), context, **i64), block_tables=tables.to(device), block_size=BS,
+                      window_masks=[None if window is None else window.to(device)] * batch)
+    dense_k = k[tables.to(device)].reshape(batch, per_seq * BS, KVH, D)[:, :context].transpose(1, 2)
+    dense_v = v[tables.to(device)].reshape(batch, per_seq * BS, KVH, D)[:, :context].transpose(1, 2)
+    return q, k, v, fb, dense_k.contiguous(), dense_v.contiguous()
+
+
+def measure(batch: int, context: int, tree: int | None, device: torch.device, reps: int) -> dict:
+    from actors.model.attention import paged_attention
+    from actors.model.attention_backends import triton_paged_attention
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    window = ancestor_mask(tree_parents(tree)) if tree else None
+    qn = tree or 1
+    q, k, v, fb, dk, dv = case(batch, context, qn, window, device, dtype)
+    scale = D ** -0.5
+    qd = q.view(batch, qn, H, D).transpose(1, 2)  # [B, H, q, D]
+    mask = None
+    if window is not None:  # dense form: every context key visible, the tree's own window by ancestry
+        mask = torch.ones(qn, context, dtype=torch.bool, device=device)
+        mask[:, context - qn:] = window.to(device)
+    out = {"batch": batch, "context": context, "queries": qn}
+    fb.cache.clear()
+    out["triton_s"] = _timed(lambda: triton_paged_attention(q, k, v, fb, scale), device, reps)
+    out["torch_ref_s"] = _timed(lambda: paged_attention(q, k, v, fb, scale), device, reps)  # metadata: once per forward
+    out["sdpa_dense_s"] = _timed(lambda: F.scaled_dot_product_attention(qd, dk, dv, attn_mask=mask, scale=scale,
+                                                                        enable_gqa=True), device, reps)
+    out["kv_bytes"] = 2 * batch * context * KVH * D * torch.finfo(dtype).bits // 8
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = "| batch | context | queries/seq | triton | torch reference | SDPA dense | triton / SDPA | triton K/V read GB/s |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['context']} | {r['queries']} | {r['triton_s'] * 1e6:.0f} us | "
+                     f"{r['torch_ref_s'] * 1e6:.0f} us | {r['sdpa_dense_s'] * 1e6:.0f} us | "
+                     f"{r['triton_s'] / r['sdpa_dense_s']:.2f}x | {r['kv_bytes'] / r['triton_s'] / 1e9:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--contexts", default="512,4096,16384")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--tree", type=int, default=64, help="nodes of the verified tree (batch 1, context 4096); 0: none")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    rows = [measure(b, c, None, device, args.reps) for c in map(int, args.contexts.split(","))
+            for b in map(int, args.batches.split(","))]
+    if args.tree:
+        rows.append(measure(1, 4096, args.tree, device, args.reps))
+    print("## Paged attention: Triton vs the torch reference vs dense SDPA\n\n" + table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -278,4 +278,10 @@ def _make_actor_class():
     return ray.remote(max_concurrency=4, max_restarts=0)(VerifierShard)
 
 
-VerifierShardActor = _make_actor_class()
+def __getattr__(name: str):
+    """``VerifierShardActor`` is built on first use, so the module imports where Ray is absent (a
+    bare GPU box running the shard in-process)."""
+    if name == "VerifierShardActor":
+        cls = globals()[name] = _make_actor_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

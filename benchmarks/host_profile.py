@@ -1,71 +1,39 @@
 """Host time per engine step, by phase (issue 26: scheduler, drafting, forward, verification,
 detokenization), at given concurrencies: ``python -m benchmarks.host_profile --device cuda``.
 
-Each case (draft method x concurrency) generates the same prompts twice on one engine after a
-warm-up: once plain (the step time a user sees: wall time / steps) and once under cProfile,
-whose cumulative times per engine function give the split. On a GPU the host waits for the
-device only where it reads results (``.tolist()`` / ``.item()``): that wait is its own row, so
-"host" = step - GPU wait. cProfile slows Python code down (about 1.5-2x here), so the split is
-shown as shares of the profiled step, scaled to the plain step time."""
+Each case (draft method x concurrency) generates the same prompts on one engine after a warm-up
+and reads the engine's own step clock (``cluster/step_clock.py``: a clock read per phase, no
+profiler): milliseconds per step in each phase. On a GPU the host waits for the device only where
+it reads the step's results back (``wait``), so "host" = step - wait."""
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import time
 from pathlib import Path
 
-# (label, file suffix, function name): cumulative time of each, per step
-PHASES = (
-    ("schedule", "actors/scheduler.py", "schedule"),
-    ("draft", "cluster/drafting.py", "propose"),
-    ("plan forward", "cluster/engine.py", "_plan_forward"),
-    ("forward (enqueue)", "cluster/engine.py", "_forward"),
-    ("verify + commit", "cluster/engine.py", "_verify_and_commit"),
-    ("emit + detokenize", "cluster/engine.py", "_emit"),
-)
-WAITS = ("<method 'tolist' of 'torch._C.TensorBase' objects>", "<method 'item' of 'torch._C.TensorBase' objects>")
-
-
-def phase_seconds(stats: pstats.Stats) -> tuple[int, float, dict[str, float]]:
-    """(engine steps, seconds in LLMEngine.step, {phase: cumulative seconds}) from a profile."""
-    steps, step_s, out = 0, 0.0, {label: 0.0 for label, _, _ in PHASES}
-    out["GPU wait (.tolist/.item)"] = 0.0
-    for (path, _, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
-        if path.endswith("cluster/engine.py") and func == "step":
-            steps, step_s = steps + ncalls, step_s + cumtime
-        for label, suffix, name in PHASES:
-            if path.endswith(suffix) and func == name:
-                out[label] += cumtime
-        if func in WAITS:
-            out["GPU wait (.tolist/.item)"] += tottime
-    return steps, step_s, out
+from cluster.step_clock import PHASES
 
 
 def profile_case(engine, prompts, params, concurrency: int) -> dict:
     engine.generate(prompts[:2], params[:2], chat=True, concurrency=concurrency)  # warm-up
+    before = engine.clock.snapshot()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params, chat=True, concurrency=concurrency)
     wall = time.perf_counter() - t0
-    prof = cProfile.Profile()
-    prof.enable()
-    engine.generate(prompts, params, chat=True, concurrency=concurrency)
-    prof.disable()
-    steps, step_s, phases = phase_seconds(pstats.Stats(prof))
-    scale = (wall / steps) / (step_s / steps) if steps and step_s else 0.0
+    after = engine.clock.snapshot()
+    steps = after["steps"] - before["steps"]
     return dict(concurrency=concurrency, tokens=sum(len(o.token_ids) for o in outs), wall_s=wall, steps=steps,
-                step_ms=1e3 * wall / max(1, steps), phases_ms={k: 1e3 * v / max(1, steps) * scale for k, v in phases.items()})
+                step_ms=1e3 * wall / max(1, steps),
+                phases_ms={k: 1e3 * (after[k] - before[k]) / max(1, steps) for k in PHASES})
 
 
 def table(rows: list[dict]) -> str:
-    labels = [label for label, _, _ in PHASES] + ["GPU wait (.tolist/.item)"]
-    head = ["draft", "c", "steps", "tok/s", "step ms", *labels, "host ms (step - wait)"]
+    head = ["draft", "c", "steps", "tok/s", "step ms", *PHASES, "host ms (step - wait)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         p = r["phases_ms"]
-        wait = p["GPU wait (.tolist/.item)"]
         cells = [r["draft"], str(r["concurrency"]), str(r["steps"]), f"{r['tokens'] / r['wall_s']:.0f}",
-                 f"{r['step_ms']:.2f}", *(f"{p[k]:.2f}" for k in labels), f"{r['step_ms'] - wait:.2f}"]
+                 f"{r['step_ms']:.2f}", *(f"{p[k]:.2f}" for k in PHASES), f"{r['step_ms'] - p['wait']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
 from cluster.proposers import build_proposer
 from cluster.runtime import host_blocks_for, kv_blocks_for, resolve_device_dtype
+from cluster.step_clock import StepClock
 
 log = logging.getLogger("specray.engine")
 
@@ -97,6 +98,7 @@ class LLMEngine:
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
         self.num_verifier_restarts = 0
+        self.clock = StepClock()  # host seconds per step phase (benchmarks.host_profile)
         self.max_verifier_restarts = 3
         self.overlap = None
         if config.draft_overlap_micro_batches > 1 and proposer is not None:
@@ -172,6 +174,7 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """schedule -> draft -> one target forward -> verify -> commit -> emit the sequences that moved."""
+        self.clock.start()
         self.drafting.begin_step()
         try:
             sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
@@ -183,6 +186,7 @@ class LLMEngine:
             self.drafting.release(seq)
         if sched.copies:  # KV tier moves: evicted blocks out, host hits in, before any forward
             self.verifier.apply_block_copies(sched.copies)
+        self.clock.lap("schedule")
         if not sched.scheduled:
             return []
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
@@ -190,11 +194,15 @@ class LLMEngine:
             done = self.overlap.verify_in_flight(sched.scheduled)
         else:
             trees, draft_s = self.drafting.propose(sched.scheduled)
+            self.clock.lap("draft")
             done = self.verify_part(sched.scheduled, trees, draft_s)
         if not done:  # the verifier was restarted and every running request re-queued
             return []
-        return [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
+        outs = [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
+        self.clock.lap("emit")
+        self.clock.steps += 1
+        return outs
 
     def verify_part(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], draft_s: float | None) -> bool:
         """One target forward over ``part`` (all or a micro-batch of the step) with its draft trees,
@@ -204,6 +212,7 @@ class LLMEngine:
         t1 = _now()
         drafted = self.drafting.drafted_sources(part, trees)  # before tokens are appended
         chunks, rows, spans = self._plan_forward(part, trees)
+        self.clock.lap("plan")
         try:
             logits, hidden = self._forward(chunks, rows)
         except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
@@ -213,8 +222,10 @@ class LLMEngine:
             for s in part:
                 self._finish_now(s.seq, "error", f"target forward failed: {e}")
             return True
+        self.clock.lap("forward")
         computed = {s.seq.seq_id: s.seq.num_computed for s in part}
         self._verify_and_commit(part, trees, spans, logits)
+        self.clock.lap("verify")
         if hidden is not None:
             self.drafting.observe_features(part, chunks, trees, computed, hidden)
         verify_s = _now() - t1
@@ -222,6 +233,7 @@ class LLMEngine:
         self.metrics.observe_step(draft_s, verify_s, step)
         depth = max((t.max_depth for t in trees.values()), default=0)
         self.drafting.learn(part, chunks, len(trees), depth, draft_s, verify_s, drafted)
+        self.clock.lap("bookkeeping")
         return True
 
     def _forward(self, chunks: list[SeqChunk], rows: list[int]):
@@ -294,7 +306,8 @@ class LLMEngine:
         """raw: [M, V] target logits of _plan_forward's rows. Verify (against the processed logits),
         move accepted K/V, append tokens, settle KV. Logprobs report the raw distribution."""
         logits = self._processed(scheduled, trees, spans, raw)
-        argmax = logits.argmax(dim=-1).tolist()
+        argmax = logits.argmax(dim=-1).tolist()  # the step's one read-back: waits for the device
+        self.clock.lap("wait")
         src, dst = [], []
         for s, (r0, nrows) in zip(scheduled, spans):
             seq = s.seq

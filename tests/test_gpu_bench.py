@@ -289,15 +289,16 @@ def test_the_graphs_mode_buckets_score_the_same_on_interpreted_triton():
 @pytest.mark.model
 def test_host_profile_splits_the_step_by_phase():
     """benchmarks.host_profile on the default model (CPU, 2 prompts, 3 tokens): every step is
-    counted and the phases it names are found in the profile (no phase silently 0)."""
+    counted and the phases add up to the step (the engine's clock covers the whole step)."""
     from benchmarks import host_profile
 
     rows = host_profile.run("cpu", ["none"], [2], sample=2, max_tokens=3)
     (r,) = rows
     assert r["steps"] >= 3 and r["tokens"] == 6 and r["step_ms"] > 0
-    for phase in ("schedule", "forward (enqueue)", "verify + commit", "emit + detokenize"):
+    for phase in ("schedule", "forward", "wait", "verify", "emit"):
         assert r["phases_ms"][phase] > 0, phase
-    assert r["phases_ms"]["draft"] < 0.1 * r["step_ms"]  # plain decoding: drafting returns at once
+    covered = sum(r["phases_ms"].values())
+    assert 0.5 * r["step_ms"] < covered <= r["step_ms"] * 1.01  # generate's own loop is the rest
     assert "| none | 2 |" in host_profile.table(rows)
 
 

@@ -105,15 +105,23 @@ def test_padded_forward_equals_unpadded(triton_model):
     padded = Verifier(triton_model, BLOCKS, BS, torch.device(DEVICE), torch.float32, enforce_eager=True)
     padded.graphs = CudaGraphRunner(triton_model, padded.kv_caches, BS, max_num_seqs=4, max_model_len=32,
                                     max_tokens=32, capture=False)
+    written = []
     for chunks, rows in _steps():
+        written += [s for c in chunks for s in c.slots]
         want, want_h = plain.forward_logits_and_hidden(chunks, rows)
         got, got_h = padded.forward_logits_and_hidden(chunks, rows)
         assert got_h.shape == want_h.shape
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert padded.graphs.num_eager == 6  # every step went through the padded path
+    unused = torch.ones(BLOCKS * BS, dtype=torch.bool)
+    unused[written] = False
     for (k0, v0), (k1, v1) in zip(plain.kv_caches, padded.kv_caches):
-        assert torch.equal(k0, k1) and torch.equal(v0, v1), "a padded token wrote to the KV cache"
+        for mine, theirs in ((k1, k0), (v1, v0)):
+            flat = mine.reshape(BLOCKS * BS, -1)
+            assert not flat[unused.to(flat.device)].any(), "a padded token wrote to the KV cache"
+            # the same K/V where real tokens wrote (bit-identical on CPU; GEMMs of other row counts on CUDA)
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
 
 
 def test_graphs_usable_says_why_not(triton_model):

@@ -148,7 +148,8 @@ class VerifierShard:
         seconds spent in this call)."""
         t0 = time.perf_counter()
         h, payload = pack_forward(chunks, rows, num_layers, copy_src, copy_dst)
-        logits = self._lead(h, payload)
+        direct = (chunks, rows, num_layers, list(copy_src), list(copy_dst)) if self.world == 1 else None
+        logits = self._lead(h, payload, direct)
         return logits, time.perf_counter() - t0
 
     def forward_np(self, chunks: list[SeqChunk], rows: list[int], num_layers: int | None = None,
@@ -178,12 +179,21 @@ class VerifierShard:
                     self._send(header(OP_STOP), None)
                     self._broken = "stopped"
 
-    def _lead(self, h: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        self._ready()
+    def _lead(self, h: torch.Tensor, payload: torch.Tensor, direct: tuple | None = None) -> torch.Tensor:
+        """direct: (chunks, rows, num_layers, copy_src, copy_dst) of a one-rank group, which runs the
+        verifier's own path (CUDA graphs on CUDA) instead of the broadcast command's batch."""
+        v = self._ready()
         if self.rank != 0:
             raise RuntimeError(f"forward() runs on rank 0; rank {self.rank} serves serve_loop()")
-        cmd = unpack_forward(h, payload, self.spec.block_size, self.device)
+        cmd = unpack_forward(h, payload, self.spec.block_size, torch.device("cpu") if direct else self.device)
         check_command(cmd, self.spec.num_blocks, self.spec.block_size, self.num_layers)  # bad input: no state change
+        if direct is not None:
+            chunks, rows, num_layers, src, dst = direct
+            with self._lock:
+                v.copy_slots(src, dst)
+                # a chunk that needs no logits still writes its K/V: the forward runs whenever there is one
+                logits = v.forward_logits(chunks, rows, num_layers) if chunks else torch.empty(0, self.vocab_size)
+            return logits.cpu()
         with self._lock:
             if self._broken is not None:
                 raise RuntimeError(f"rank 0: the TP group is unusable ({self._broken}); restart the group")

@@ -236,7 +236,7 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
         mask = _folded_mask(meta, g, q.dtype)
         out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=mask, scale=scale)
-        return out.view(b, h, d)
+        return out.reshape(b, h, d)  # a view on CPU; CUDA's kernels may return another layout (g = 3)
     if meta.out_index is None:
         qp = q.view(b, max_q, kvh, g, d)
     else:
@@ -249,5 +249,5 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         qp = _contiguous_copy(qp.permute(0, 2, 3, 1, 4)).view(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
         mask = _folded_mask(meta, g, q.dtype)
         out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
-        out = _contiguous_copy(out.view(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4)).view(b * max_q, h, d)
+        out = _contiguous_copy(out.reshape(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4)).view(b * max_q, h, d)
     return out if meta.out_index is None else out.index_select(0, meta.out_index)

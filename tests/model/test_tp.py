@@ -71,3 +71,25 @@ def test_tp2_matches_tp1(tiny_model_dir, tmp_path):
                     assert got["rank0"][step] is None
             ratio = got["bytes"] / single.param_bytes()
             assert 0.45 < ratio < 0.6, ratio
+
+
+def test_one_rank_shard_runs_the_verifier_path(tiny_target_dir):
+    """A one-rank shard (tp=1) runs its Verifier directly: a prefill chunk that needs no logits
+    still writes its K/V, pending slot copies apply first, and the logits equal a Verifier's."""
+    from actors.verifier import SeqChunk, Verifier
+    from actors.verifier_shard import ShardSpec, VerifierShard
+
+    shard = VerifierShard(ShardSpec(str(tiny_target_dir), 1, 16, BS), 0)
+    shard.setup()
+    ref = Verifier(load_model(tiny_target_dir).model, 16, BS, torch.device("cpu"), torch.float32)
+    table = [3, 7, 1]
+    slot = lambda p: table[p // BS] * BS + p % BS  # noqa: E731
+    ids = random_ids(9, 256, 4)
+    prefill = SeqChunk(ids[:8], list(range(8)), [slot(p) for p in range(8)], 8, table[:2])
+    logits, _ = shard.forward([prefill], [])
+    ref.forward_logits([prefill], [])
+    assert logits.shape[0] == 0
+    decode = SeqChunk(ids[8:9], [8], [slot(8)], 9, table[:3])
+    got, _ = shard.forward([decode], [0], copy_src=[slot(2)], copy_dst=[slot(5)])
+    ref.copy_slots([slot(2)], [slot(5)])
+    torch.testing.assert_close(got, ref.forward_logits([decode], [0]))

@@ -12,9 +12,8 @@ import time
 import pytest
 import requests
 
-from cluster.config import EngineConfig, SpeculativeConfig
 from deployments.serve_config import ServeArgs
-from tests.ports import free_port
+from tests.serve_app import serve_app
 
 MODEL = "smollm2-135m"
 KEY = "sk-test-0123456789"
@@ -30,18 +29,8 @@ OPS_ARGS = dict(max_ongoing_requests=2, max_queued_requests=1, retry_after_s=2, 
 
 @pytest.fixture(scope="module")
 def base_url(ray_cluster):
-    from ray import serve
-
-    from deployments.app import build_app
-
-    engine = EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build_app(ServeArgs(engine=engine, **OPS_ARGS)), name=APP, route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
+    with serve_app(APP, **OPS_ARGS) as url:
+        yield url
 
 
 def _post(base_url, path, body, headers=AUTH, **kw):

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.sampling_params import SamplingParams
 from cluster.metrics import KV_TOTAL, KV_USAGE, KV_USED, EngineMetrics, Snapshot, merge_snapshots, render, snapshot
 from tests.tiny import tiny_engine
-from tests.ports import free_port
+from tests.serve_app import ngram_engine, serve_app
 
 K = 4
 MAX_TOKENS = 12
@@ -284,21 +284,8 @@ KEY = "metrics-test-key"
 
 @pytest.fixture(scope="module")
 def two_replicas(ray_cluster):
-    from ray import serve
-
-    from cluster.config import EngineConfig, SpeculativeConfig
-    from deployments.app import build_app
-    from deployments.serve_config import ServeArgs
-
-    port = free_port()
-    cfg = EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", K))
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build_app(ServeArgs(engine=cfg, num_replicas=2, num_cpus=0.5, api_key=KEY)), name=APP,
-                  route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
+    with serve_app(APP, engine=ngram_engine(K), num_replicas=2, num_cpus=0.5, api_key=KEY) as url:
+        yield url
 
 
 def _hub():

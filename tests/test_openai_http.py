@@ -11,8 +11,9 @@ import openai
 import pytest
 import requests
 
-from cluster.config import EngineConfig, SpeculativeConfig
-from tests.ports import free_port, greedy_reference
+from cluster.config import EngineConfig
+from tests.ports import greedy_reference
+from tests.serve_app import ngram_engine, serve_app
 
 pytestmark = [pytest.mark.ray, pytest.mark.model]
 
@@ -23,23 +24,13 @@ TOKENS = 16
 
 
 def _config() -> EngineConfig:
-    return EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
+    return ngram_engine(4)
 
 
 @pytest.fixture(scope="module")
 def base_url(ray_cluster):
-    from ray import serve
-
-    from deployments.app import build_app
-    from deployments.serve_config import ServeArgs
-
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build_app(ServeArgs(engine=_config(), num_cpus=1)), name="specray-test", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
+    with serve_app("specray-test", engine=_config(), num_cpus=1) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

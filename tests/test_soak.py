@@ -7,28 +7,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.soak import SoakOptions, run_soak, summary
-from cluster.config import EngineConfig, SpeculativeConfig
-from deployments.serve_config import ServeArgs
-from tests.ports import free_port
+from tests.serve_app import serve_app
 
 pytestmark = [pytest.mark.ray, pytest.mark.model]
 
 
 @pytest.fixture(scope="module")
 def base_url(ray_cluster):
-    from ray import serve
-
-    from deployments.app import build_app
-
-    engine = EngineConfig(num_kv_blocks=256, num_threads=1, speculative=SpeculativeConfig.from_draft_arg("ngram", 4))
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        serve.run(build_app(ServeArgs(engine=engine, num_cpus=1, max_ongoing_requests=4, max_queued_requests=4)),
-                  name="specray-soak", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
+    with serve_app("specray-soak", num_cpus=1, max_ongoing_requests=4, max_queued_requests=4) as url:
+        yield url
 
 
 def test_short_soak_leaks_nothing_and_memory_stays_bounded(base_url):

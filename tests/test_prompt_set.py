@@ -178,3 +178,30 @@ def test_korean_particles_agree_with_the_word_before_them():
         josa("Seoul", "은/는")
     with pytest.raises(ValueError, match="'와/과'"):
         josa("서울", "와/과")
+
+
+HELDOUT = Path(__file__).parent.parent / "benchmarks" / "prompts" / "heldout_magpie.jsonl"
+
+
+def _shingles(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_heldout_set_is_kept_apart_from_training_and_bench500():
+    """The held-out set (issue 29) shares no six-word run with the draft's training prompts (the
+    committed head's recipe: training.prompt_mix, 3,000 prompts) nor with bench500, covers the six
+    categories, and no training module reads it."""
+    from training.prompt_mix import build_prompt_mix
+
+    rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines()]
+    assert {r["category"] for r in rows} == {"short_qa", "translation", "summarization", "code_generation",
+                                             "structured_output", "creative_writing"}
+    held = set().union(*(_shingles(r["messages"][-1]["content"]) for r in rows))
+    train = set().union(*(_shingles(m[-1]["content"]) for m in build_prompt_mix(3000)))
+    bench = set().union(*(_shingles(json.dumps(json.loads(line)["messages"], ensure_ascii=False))
+                          for line in (HELDOUT.parent / "bench500.jsonl").read_text(encoding="utf-8").splitlines()))
+    assert not held & train, sorted(held & train)[:3]
+    assert not held & bench, sorted(held & bench)[:3]
+    training = Path(__file__).parent.parent / "training"
+    assert not [p.name for p in training.glob("*.py") if "heldout" in p.read_text()]

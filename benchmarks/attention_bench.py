@@ -11,11 +11,12 @@ timed graph replays where the call can be captured, else of launches (wall clock
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+
+from actors.tree import TokenTree
+from benchmarks.report import md_table
 
 H, KVH, D, BS = 32, 8, 128, 16
 
@@ -24,6 +25,8 @@ def _timed(fn, device: torch.device, reps: int, graph: bool = True) -> float:
     """Median seconds of one call. On CUDA with ``graph`` the call is replayed from a CUDA graph (how
     the engine runs it: no host launch cost in the figure); the torch reference reads lengths on
     the host, cannot be captured, and is timed launch by launch (graph=False)."""
+    from benchmarks.step_costs import device_median_s
+
     for _ in range(3):
         fn()
     run = fn
@@ -33,37 +36,15 @@ def _timed(fn, device: torch.device, reps: int, graph: bool = True) -> float:
         with torch.cuda.graph(g):
             fn()
         run = g.replay
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return device_median_s(run, device, reps)
 
 
-def tree_parents(n: int) -> list[int]:
-    """A bushy n-node tree: node i's parent is (i - 1) // 3 (root 0, three children each)."""
-    return [-1] + [(i - 1) // 3 for i in range(1, n)]
-
-
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """[n, n] bool: node i sees j when j is i or an ancestor of i."""
-    n = len(parents)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = parents[j]
-    return m
+def bushy_tree_mask(n: int) -> torch.Tensor:
+    """[n, n] ancestor mask of an n-node tree whose node i hangs under (i - 1) // 3 (three children each)."""
+    tree = TokenTree.root(0)
+    for i in range(1, n):
+        tree.add((i - 1) // 3, i)
+    return tree.ancestor_mask()
 
 
 def case(batch: int, context: int, q_per_seq: int, window: torch.Tensor | None, device: torch.device,
@@ -94,7 +75,7 @@ def measure(batch: int, context: int, tree: int | None, device: torch.device, re
     from actors.model.attention_backends import triton_paged_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    window = ancestor_mask(tree_parents(tree)) if tree else None
+    window = bushy_tree_mask(tree) if tree else None
     qn = tree or 1
     q, k, v, fb, dk, dv = case(batch, context, qn, window, device, dtype)
     scale = D ** -0.5
@@ -114,13 +95,12 @@ def measure(batch: int, context: int, tree: int | None, device: torch.device, re
 
 
 def table(rows: list[dict]) -> str:
-    head = "| batch | context | queries/seq | triton | torch reference | SDPA dense | triton / SDPA | triton K/V read GB/s |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['batch']} | {r['context']} | {r['queries']} | {r['triton_s'] * 1e6:.0f} us | "
-                     f"{r['torch_ref_s'] * 1e6:.0f} us | {r['sdpa_dense_s'] * 1e6:.0f} us | "
-                     f"{r['triton_s'] / r['sdpa_dense_s']:.2f}x | {r['kv_bytes'] / r['triton_s'] / 1e9:.0f} |")
-    return "\n".join(lines)
+    head = ["batch", "context", "queries/seq", "triton", "torch reference", "SDPA dense", "triton / SDPA",
+            "triton K/V read GB/s"]
+    us = lambda seconds: f"{seconds * 1e6:.0f} us"  # noqa: E731
+    return md_table(head, [[str(r["batch"]), str(r["context"]), str(r["queries"]), us(r["triton_s"]),
+                            us(r["torch_ref_s"]), us(r["sdpa_dense_s"]), f"{r['triton_s'] / r['sdpa_dense_s']:.2f}x",
+                            f"{r['kv_bytes'] / r['triton_s'] / 1e9:.0f}"] for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

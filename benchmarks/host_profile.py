@@ -11,6 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
+from benchmarks.report import md_table
 from cluster.step_clock import PHASES
 
 
@@ -29,13 +30,9 @@ def profile_case(engine, prompts, params, concurrency: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = ["draft", "c", "steps", "tok/s", "step ms", *PHASES, "host ms (step - wait)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        p = r["phases_ms"]
-        cells = [r["draft"], str(r["concurrency"]), str(r["steps"]), f"{r['tokens'] / r['wall_s']:.0f}",
-                 f"{r['step_ms']:.2f}", *(f"{p[k]:.2f}" for k in PHASES), f"{r['step_ms'] - p['wait']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return md_table(head, [[r["draft"], str(r["concurrency"]), str(r["steps"]), f"{r['tokens'] / r['wall_s']:.0f}",
+                            f"{r['step_ms']:.2f}", *(f"{r['phases_ms'][k]:.2f}" for k in PHASES),
+                            f"{r['step_ms'] - r['phases_ms']['wait']:.2f}"] for r in rows])
 
 
 def run(device: str, drafts: list[str], concurrency: list[int], sample: int, max_tokens: int) -> list[dict]:

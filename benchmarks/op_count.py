@@ -61,6 +61,7 @@ class StepCount:
     launches: int | None = None  # CUDA runtime launch calls (None on CPU)
     layer_launches: list[int] | None = None
     device_kernels: int | None = None  # kernels the GPU ran
+    graph_launches: int | None = None  # CUDA graph replays among the launches
 
 
 def _is_op(name: str) -> bool:
@@ -99,7 +100,8 @@ def count_ops(run, model: torch.nn.Module, cuda: bool = False) -> StepCount:
             torch.cuda.synchronize()
     n = len(model.layers)
     c = StepCount(0, 0, [0] * n, [0] * n, 0, launches=0 if cuda else None,
-                  layer_launches=[0] * n if cuda else None, device_kernels=0 if cuda else None)
+                  layer_launches=[0] * n if cuda else None, device_kernels=0 if cuda else None,
+                  graph_launches=0 if cuda else None)
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
             c.device_kernels += 1
@@ -107,6 +109,7 @@ def count_ops(run, model: torch.nn.Module, cuda: bool = False) -> StepCount:
         layer = _layer_of(e.cpu_parent)
         if cuda and e.name in LAUNCH_CALLS:
             c.launches += 1
+            c.graph_launches += e.name == "cudaGraphLaunch"
             if layer is not None:
                 c.layer_launches[layer] += 1
         if not _is_op(e.name):

@@ -50,26 +50,33 @@ def step_weight_bytes(model) -> tuple[int, int]:
     return total - (embed.numel() * embed.element_size() if untied else 0), total
 
 
-def measure_copy_s(device: torch.device, nbytes: int, reps: int) -> float:
-    """Median seconds of one ``nbytes`` device-to-device copy (CUDA events; the clock on CPU)."""
-    a = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)  # warm-up
+def device_median_s(fn, device: torch.device, reps: int) -> float:
+    """Median seconds of ``reps`` calls of ``fn`` on the device's own clock (CUDA events around each
+    call; the wall clock on CPU). No warm-up: the caller's."""
     times = []
     for _ in range(reps):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            b.copy_(a)
+            fn()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
-            b.copy_(a)
+            fn()
             times.append(time.perf_counter() - t0)
-    del a, b
     return statistics.median(times)
+
+
+def measure_copy_s(device: torch.device, nbytes: int, reps: int) -> float:
+    """Median seconds of one ``nbytes`` device-to-device copy (CUDA events; the clock on CPU)."""
+    a = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)  # warm-up
+    seconds = device_median_s(lambda: b.copy_(a), device, reps)
+    del a, b
+    return seconds
 
 
 def verifier_modes(device: torch.device) -> list[tuple[str, dict]]:
@@ -98,20 +105,14 @@ class StepCosts:
     launches: dict[str, int] = field(default_factory=dict)  # one decode step: device kernels, launch API calls
 
 
-LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
+def count_launches(fn, model) -> dict[str, int]:
+    """One call of ``fn`` (a step over ``model``) counted by ``benchmarks.op_count`` on CUDA:
+    kernels run on the device, launch calls made by the host (a CUDA graph replay is one
+    ``cudaGraphLaunch`` running many kernels)."""
+    from benchmarks.op_count import count_ops
 
-
-def count_launches(fn) -> dict[str, int]:
-    """One call of ``fn`` under torch.profiler (CUDA): kernels run on the device, kernel-launch API
-    calls made by the host (a CUDA graph replay is one ``cudaGraphLaunch`` running many kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-    events = prof.key_averages()
-    return {"kernels": sum(e.count for e in events if e.device_type.name == "CUDA"),
-            "launch_calls": sum(e.count for e in events if e.key in LAUNCH_CALLS),
-            "graph_launches": sum(e.count for e in events if e.key == "cudaGraphLaunch")}
+    c = count_ops(fn, model, cuda=True)
+    return {"kernels": c.device_kernels, "launch_calls": c.launches, "graph_launches": c.graph_launches}
 
 
 class OneSequence:
@@ -183,7 +184,7 @@ def measure_steps(model, device: torch.device, dtype: torch.dtype, mode: str, ve
     seq.prefill(context)
     decode_s = _median_s(seq.decode_step, decode_steps, warmup)
     verify_s = {label: _median_s(lambda t=t: seq.verify(t), reps, 2) for label, t in trees(seq.last, seq.vocab).items()}
-    launches = count_launches(seq.decode_step) if device.type == "cuda" else {}
+    launches = count_launches(seq.decode_step, model) if device.type == "cuda" else {}
     del seq
     if device.type == "cuda":
         torch.cuda.empty_cache()

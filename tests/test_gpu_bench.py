@@ -332,7 +332,7 @@ def test_attention_bench_runs_and_agrees(monkeypatch):
     assert all(r["triton_s"] > 0 and r["torch_ref_s"] > 0 and r["sdpa_dense_s"] > 0 for r in rows)
     assert "| 1 | 40 | 7 |" in ab.table(rows)
     for tree in (None, 7):
-        window = ab.ancestor_mask(ab.tree_parents(tree)) if tree else None
+        window = ab.bushy_tree_mask(tree) if tree else None
         q, k, v, fb, dk, dv = ab.case(2, 40, tree or 1, window, torch.device("cpu"), torch.float32)
         want = paged_attention(q, k, v, fb, 0.25)
         torch.testing.assert_close(triton_paged_attention(q, k, v, fb, 0.25), want, atol=1e-4, rtol=1e-4)

@@ -119,24 +119,27 @@ class AllocatorMachine(RuleBasedStateMachine):
         blocks = self._model_free() + (len(tokens) - 1) // self.bs + over
         self._allocate(self._new_id(), tokens, max(0, blocks * self.bs - len(tokens)))
 
+    def _prefill(self, tokens) -> int | None:
+        """A new sequence allocated for ``tokens`` and all of them committed; None if it did not fit."""
+        sid = self._new_id()
+        self._allocate(sid, tokens, 0)
+        if sid not in self.tables:
+            return None
+        self.a.commit(sid, tokens, len(tokens))
+        self._record_commit(sid, tokens, len(tokens))
+        return sid
+
     @precondition(lambda self: len(self.tables) < _MAX_SEQS)
     @rule(tokens=_tokens)
     def allocate_and_prefill(self, tokens):
-        sid = self._new_id()
-        self._allocate(sid, tokens, 0)
-        if sid in self.tables:
-            self.a.commit(sid, tokens, len(tokens))
-            self._record_commit(sid, tokens, len(tokens))
+        self._prefill(tokens)
 
     @precondition(lambda self: len(self.tables) < _MAX_SEQS)
     @rule(tokens=_tokens)
     def prefill_and_finish(self, tokens):
         """A short request that leaves only cached blocks behind: fills the LRU that evicts."""
-        sid = self._new_id()
-        self._allocate(sid, tokens, 0)
-        if sid in self.tables:
-            self.a.commit(sid, tokens, len(tokens))
-            self._record_commit(sid, tokens, len(tokens))
+        sid = self._prefill(tokens)
+        if sid is not None:
             self.gone.append(list(tokens))
             self.a.free(sid)
             self._forget(sid)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -64,28 +63,15 @@ def pick_bucket(shapes: list[tuple[int, int]], num_seqs: int, num_tokens: int) -
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Offsets of the int64 metadata in one flat buffer (one host-to-device copy per step)."""
-
-    max_seqs: int
-    max_tokens: int
-    max_blocks: int
-
-    @property
-    def fields(self) -> dict[str, tuple[int, int]]:
-        s, t = self.max_seqs, self.max_tokens
-        sizes = (("qsl", s + 1), ("kv_lens", s), ("win", s), ("row_start", s), ("ids", t), ("pos", t),
-                 ("slots", t), ("tables", s * self.max_blocks))
-        out, at = {}, 0
-        for name, n in sizes:
-            out[name] = (at, at + n)
-            at += n
-        return out
-
-    @property
-    def size(self) -> int:
-        return self.fields["tables"][1]
+def field_offsets(max_seqs: int, max_tokens: int, max_blocks: int) -> dict[str, tuple[int, int]]:
+    """(start, end) of each int64 metadata field in one flat buffer (one host-to-device copy per step)."""
+    sizes = (("qsl", max_seqs + 1), ("kv_lens", max_seqs), ("win", max_seqs), ("row_start", max_seqs),
+             ("ids", max_tokens), ("pos", max_tokens), ("slots", max_tokens), ("tables", max_seqs * max_blocks))
+    out, at = {}, 0
+    for name, n in sizes:
+        out[name] = (at, at + n)
+        at += n
+    return out
 
 
 class PaddedInputs:
@@ -94,13 +80,15 @@ class PaddedInputs:
 
     def __init__(self, max_seqs: int, max_tokens: int, max_blocks: int, mask_width: int, block_size: int,
                  num_kv_heads: int, device: torch.device):
-        self.layout = Layout(max_seqs, max_tokens, max_blocks)
+        self.max_seqs, self.max_blocks = max_seqs, max_blocks
+        self.fields = field_offsets(max_seqs, max_tokens, max_blocks)
+        size = self.fields["tables"][1]
         self.block_size, self.mask_width, self.num_kv_heads = block_size, mask_width, num_kv_heads
         self.device = torch.device(device)
         pin = self.device.type == "cuda"
-        self.host = torch.zeros(self.layout.size, dtype=torch.int64, pin_memory=pin)  # [L]
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)  # [L]
         self.host_mask = torch.zeros(max_tokens, mask_width, dtype=torch.int8, pin_memory=pin)  # [T, W]
-        self.dev = torch.zeros(self.layout.size, dtype=torch.int64, device=self.device)
+        self.dev = torch.zeros(size, dtype=torch.int64, device=self.device)
         self.dev_mask = torch.zeros(max_tokens, mask_width, dtype=torch.int8, device=self.device)
         self._np = self.host.numpy()
         self._np_mask = self.host_mask.numpy()
@@ -109,11 +97,11 @@ class PaddedInputs:
 
     def fits(self, chunks) -> bool:
         """Every window fits the mask width and every block table the table width."""
-        w, m = self.mask_width, self.layout.max_blocks
+        w, m = self.mask_width, self.max_blocks
         return all((c.window_mask is None or c.window_mask.shape[1] <= w) and len(c.block_table) <= m for c in chunks)
 
     def _view(self, name: str, buf=None) -> torch.Tensor:
-        lo, hi = self.layout.fields[name]
+        lo, hi = self.fields[name]
         return (self.dev if buf is None else buf)[lo:hi]
 
     def batch(self, num_seqs: int, num_tokens: int) -> ForwardBatch:
@@ -122,9 +110,9 @@ class PaddedInputs:
         if key not in self._batches:
             b, n = key
             qsl, kv = self._view("qsl")[: b + 1], self._view("kv_lens")[:b]
-            tables = self._view("tables").view(self.layout.max_seqs, self.layout.max_blocks)[:b]
+            tables = self._view("tables").view(self.max_seqs, self.max_blocks)[:b]
             tree = TreeMasks(self._view("win")[:b], self._view("row_start")[:b], self.dev_mask[:n])
-            context = self.layout.max_blocks * self.block_size  # an upper bound of every kv_len
+            context = self.max_blocks * self.block_size  # an upper bound of every kv_len
             segments = choose_num_segments(n, b, self.num_kv_heads, context)
             self._batches[key] = ForwardBatch(
                 input_ids=self._view("ids")[:n], positions=self._view("pos")[:n], slot_mapping=self._view("slots")[:n],
@@ -136,7 +124,7 @@ class PaddedInputs:
         """Write ``chunks`` (verifier SeqChunks) padded to (num_seqs, num_tokens) into the buffers."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has read the host buffers
-        f, h, mask = self.layout.fields, self._np, self._np_mask
+        f, h, mask = self.fields, self._np, self._np_mask
         n = sum(len(c.token_ids) for c in chunks)
         qsl, trees = [0], False
         for b, c in enumerate(chunks):
@@ -147,7 +135,7 @@ class PaddedInputs:
             h[lo: lo + q] = c.positions
             lo = f["slots"][0] + q0
             h[lo: lo + q] = c.slots
-            lo = f["tables"][0] + b * self.layout.max_blocks
+            lo = f["tables"][0] + b * self.max_blocks
             h[lo: lo + len(c.block_table)] = c.block_table
             h[f["kv_lens"][0] + b] = c.kv_len
             w = 0 if c.window_mask is None else c.window_mask.shape[1]

@@ -20,57 +20,30 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from actors.model.attention import paged_attention, write_kv
 from actors.model.batch import to_device
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
+from actors.proposers.head_kv import HeadKVPool
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
+from actors.verifier import SeqChunk, build_forward_batch
 
 
 class _SeqState:
-    """One sequence's head cache: entries for positions [base, base + fed), features not yet fed."""
+    """One sequence's head entries: cache indices [0, fed) hold positions [base, base + fed);
+    ``pending`` holds the features not yet fed. The K/V live in the proposer's HeadKVPool."""
 
-    __slots__ = ("base", "fed", "pending", "k", "v")
+    __slots__ = ("base", "fed", "pending")
 
-    def __init__(self, base: int, kv_shape: tuple[int, int], dtype: torch.dtype, device: torch.device):
+    def __init__(self, base: int):
         self.base, self.fed = base, 0
         self.pending: list[torch.Tensor] = []  # [n_i, H] features of positions base + fed ...
-        nkv, d = kv_shape
-        self.k = torch.empty(nkv, 64, d, dtype=dtype, device=device)  # [nkv, capacity, d]
-        self.v = torch.empty(nkv, 64, d, dtype=dtype, device=device)
 
     @property
     def next_pos(self) -> int:
         return self.base + self.fed + sum(len(p) for p in self.pending)
-
-    def reserve(self, n: int) -> None:
-        if n > self.k.shape[1]:
-            cap = 1 << (n - 1).bit_length()
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                new = old.new_empty(old.shape[0], cap, old.shape[2])
-                new[:, : old.shape[1]] = old
-                setattr(self, name, new)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: int,
-               visible: torch.Tensor | None = None) -> torch.Tensor:
-        """Write k, v [n, nkv, d] at cache index ``at``; q [n, nh, d] attends causally, or to the
-        entries ``visible`` [n, at + n] bool marks (tree nodes: context, ancestors, self) -> [n, nh * d].
-        The query heads sharing a KV head are folded into the query axis (K/V never repeated)."""
-        n, nh, d = q.shape
-        nkv = k.shape[1]
-        g = nh // nkv
-        self.reserve(at + n)
-        self.k[:, at: at + n], self.v[:, at: at + n] = k.transpose(0, 1), v.transpose(0, 1)
-        qf = q.view(n, nkv, g, d).transpose(0, 1).reshape(nkv, n * g, d)  # row i * g + j: token i, head j
-        mask = visible
-        if mask is None and n > 1:
-            mask = torch.ones(n, at + n, dtype=torch.bool, device=q.device).tril(diagonal=at)
-        if mask is not None:
-            mask = mask.repeat_interleave(g, dim=0)
-        out = F.scaled_dot_product_attention(qf, self.k[:, : at + n], self.v[:, : at + n], attn_mask=mask)
-        return out.view(nkv, n, g, d).transpose(0, 1).reshape(n, nh * d)
 
 
 class EagleProposer(Proposer):
@@ -85,20 +58,23 @@ class EagleProposer(Proposer):
             raise ValueError(f"tree_width={tree_width}: must be at least 1")
         self.head, self.tree_width = head, tree_width
         c = head.cfg
-        self.kv_shape = (c.num_kv_heads, c.head_dim)
         self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
         self.states: dict[int, _SeqState] = {}
+        self.kv = HeadKVPool(c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        self.attend = paged_attention  # the target's attention backend (build_eagle_proposer sets it)
+        self.scale = c.head_dim ** -0.5
 
     # ---- features from the engine --------------------------------------------------------------
     def observe(self, seq_id: int, start: int, features: torch.Tensor) -> None:
         """features [n, H]: the target's final-normed hidden states of positions start .. start+n-1."""
         st = self.states.get(seq_id)
         if st is None or start != st.next_pos:  # new sequence, or a gap (prefix-cache hit, recompute)
-            st = self.states[seq_id] = _SeqState(start, self.kv_shape, self.dtype, self.device)
+            st = self.states[seq_id] = _SeqState(start)  # its head blocks (if any) are reused from index 0
         st.pending.append(features.to(self.dtype))
 
     def release(self, seq_id: int) -> None:
         self.states.pop(seq_id, None)
+        self.kv.release(seq_id)
 
     # ---- drafting ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -156,19 +132,28 @@ class EagleProposer(Proposer):
         pos = to_device([self.states[r.seq_id].base + i for r, i in zip(reqs, idx)], self.device)
         return self._block(toks, feats, pos, reqs, [1] * len(reqs), committed=False, at=idx)
 
-    def _block(self, toks, feats, pos, reqs, sizes, committed: bool, at: list[int] | None = None):
-        head = self.head
-        h = head.entry(toks, feats)
-        q, k, v = head.qkv_rope(h, pos)
-        outs, start = [], 0
+    def _block(self, toks, feats, pos, reqs, sizes, committed: bool, at: list[int] | None = None,
+               windows: list | None = None):
+        """One head forward over every sequence's new entries: toks [N], feats [N, H], pos [N];
+        sequence j's ``sizes[j]`` entries go at cache indices from its ``fed`` (committed) or
+        ``at[j]``; ``windows[j]`` [n_j, w] bool: which of the last w entries each one sees (None:
+        causal). One attention call for the batch, through the pool's block tables -> f̂ [N, H]."""
+        head, chunks = self.head, []
         for j, (r, n) in enumerate(zip(reqs, sizes)):
             st = self.states[r.seq_id]
             where = st.fed if at is None else at[j]
-            outs.append(st.attend(q[start:start + n], k[start:start + n], v[start:start + n], where))
+            table = self.kv.reserve(r.seq_id, where + n)
+            # the batch carries the attention layout only: the head applies its RoPE positions itself
+            chunks.append(SeqChunk([0] * n, [0] * n, self.kv.slots(r.seq_id, where, n), where + n, table,
+                                   None if windows is None else windows[j]))
             if committed:
                 st.fed, st.pending = st.fed + n, []
-            start += n
-        return head.finish(h, torch.cat(outs))
+        batch = build_forward_batch(chunks, self.kv.block_size, self.device)
+        h = head.entry(toks, feats)
+        q, k, v = head.qkv_rope(h, pos)
+        write_kv(self.kv.k, self.kv.v, k, v, batch.slot_mapping)
+        attn = self.attend(q, self.kv.k, self.kv.v, batch, self.scale)  # [N, nh, d]
+        return head.finish(h, attn.reshape(attn.shape[0], -1))
 
     def _choose(self, feats, reqs, depth, trees, live, tips) -> list[int]:
         """Add depth+1's nodes under each chain tip; returns the token each chain continues with."""
@@ -283,27 +268,26 @@ class EagleProposer(Proposer):
         feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H]."""
         toks = to_device([pools[j].tokens[c] for j, c in front], self.device)
         pos = to_device([reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front], self.device)
-        head = self.head
-        h = head.entry(toks, feats)
-        q, k, v = head.qkv_rope(h, pos)
-        outs = []  # front lists each request's nodes together, requests in order
-        for j in dict.fromkeys(j for j, _ in front):
+        order = list(dict.fromkeys(j for j, _ in front))  # front lists each request's nodes together, in order
+        sizes, at, windows = [], [], []
+        for j in order:
             rows = [i for i, (jj, _) in enumerate(front) if jj == j]
-            at, n = nxt[j], len(rows)
-            visible = np.zeros((n, at + n), dtype=bool)  # built on the host: one copy, not a launch per entry
-            visible[:, : idx[j]] = True
+            start, n = nxt[j], len(rows)
+            visible = np.zeros((n, start + n - idx[j]), dtype=bool)  # over entries [idx, start + n): the tree so far
             for i, row in enumerate(rows):
                 c = front[row][1]
-                entry[j][c] = at + i
+                entry[j][c] = start + i
                 anc = pools[j].parents[c]
                 while anc >= 0:
-                    visible[i, entry[j][anc]] = True
+                    visible[i, entry[j][anc] - idx[j]] = True
                     anc = pools[j].parents[anc]
-                visible[i, at + i] = True
-            mask = torch.from_numpy(visible).to(self.device, non_blocking=True)
-            outs.append(self.states[reqs[j].seq_id].attend(q[rows], k[rows], v[rows], at, mask))
-            nxt[j] = at + n
-        return head.finish(h, torch.cat(outs))
+                visible[i, start + i - idx[j]] = True
+            sizes.append(n)
+            at.append(start)
+            windows.append(torch.from_numpy(visible))
+            nxt[j] = start + n
+        return self._block(toks, feats, pos, [reqs[j] for j in order], sizes, committed=False, at=at,
+                           windows=windows)
 
 
 def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1) -> EagleProposer:
@@ -326,4 +310,6 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     # bf16 whatever the target's dtype: the head is memory-bound at batch 1, and on the 2-core CPU
     # its 8,192-row LM head takes 0.8 ms in bf16 vs 2.3 ms in fp32 per draft token
     head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
-    return EagleProposer(head.attach(target, f"target {model!r}"), tree_width)
+    proposer = EagleProposer(head.attach(target, f"target {model!r}"), tree_width)
+    proposer.attend = next((m.attend for m in target.modules() if hasattr(m, "rope_write_kv")), paged_attention)
+    return proposer

@@ -1,0 +1,77 @@
+"""The EAGLE head's KV cache: paged, one pool for every sequence, read through the target's
+attention backends.
+
+Each sequence's head entries are a list of cache indices 0, 1, 2, ... (entry i is the head's K/V of
+RoPE position ``base + i``), stored through a block table of this pool exactly as the target's KV
+is stored through its own: flat slot ``block * block_size + i % block_size``. So one head forward
+for the whole batch is one ``ForwardBatch`` (actors/model/batch.py) and one call of whichever
+paged attention the target runs (the torch reference on CPU, the Triton kernel on CUDA), not one
+attention call per sequence, and the same padded static inputs that CUDA graphs replay for the
+target can hold the head's steps.
+
+Speculative entries (draft depths, tree nodes) go after a sequence's committed entries and are
+simply overwritten by the next catch-up: only ``fed`` (the committed count) is state. The pool
+grows by doubling when a reservation does not fit (``growable``; a CUDA-graph caller fixes it).
+
+Host-side bookkeeping only, plus the two cache tensors; no device sync.
+"""
+from __future__ import annotations
+
+import torch
+
+from actors.model.attention import allocate_kv_cache
+
+
+class HeadKVPool:
+    """k, v [num_blocks, block_size, num_kv_heads, head_dim] and per-sequence block tables."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 block_size: int = 16, num_blocks: int = 64, growable: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"head KV pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.kv_shape, self.dtype, self.device = (num_kv_heads, head_dim), dtype, torch.device(device)
+        self.block_size, self.growable = block_size, growable
+        self.k, self.v = allocate_kv_cache(1, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)[0]
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low blocks first
+        self.tables: dict[int, list[int]] = {}  # seq id -> its blocks, in cache-index order
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def reserve(self, seq_id: int, entries: int) -> list[int]:
+        """Blocks enough for cache indices [0, entries) of ``seq_id``; returns its block table."""
+        table = self.tables.setdefault(seq_id, [])
+        need = -(-entries // self.block_size) - len(table)
+        if need > len(self.free):
+            self._grow(need - len(self.free))
+        for _ in range(max(need, 0)):
+            table.append(self.free.pop())
+        return table
+
+    def slots(self, seq_id: int, start: int, n: int) -> list[int]:
+        """Flat slots of cache indices [start, start + n) (already reserved)."""
+        table, bs = self.tables[seq_id], self.block_size
+        return [table[i // bs] * bs + i % bs for i in range(start, start + n)]
+
+    def release(self, seq_id: int) -> None:
+        self.free += reversed(self.tables.pop(seq_id, []))
+
+    def restart(self, seq_id: int) -> None:
+        """The sequence starts over (a gap in its features): keep its blocks, forget nothing else."""
+        self.tables.setdefault(seq_id, [])
+
+    def _grow(self, at_least: int) -> None:
+        if not self.growable:
+            raise RuntimeError(f"head KV pool full: {self.num_blocks} blocks of {self.block_size} in use, "
+                               f"{at_least} more needed (a fixed pool is sized for max_num_seqs x max_model_len)")
+        old = self.num_blocks
+        new = max(2 * old, old + at_least)
+        k, v = allocate_kv_cache(1, new, self.block_size, *self.kv_shape, self.dtype, self.device)[0]
+        k[:old], v[:old] = self.k, self.v
+        self.k, self.v = k, v
+        self.free = list(range(new - 1, old - 1, -1)) + self.free

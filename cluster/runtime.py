@@ -1,7 +1,11 @@
 """Device, dtype and KV-pool sizing decisions, derived from config once."""
 from __future__ import annotations
 
+import os
+
 import torch
+
+from actors.kv_disk_pool import DiskTierSpec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,14 +32,28 @@ def host_blocks_for(config, model_config, dtype: torch.dtype) -> int:
     off = config.kv_offload
     if not off.enabled:
         return 0
-    if off.host_blocks is not None:
-        return off.host_blocks
+    return _tier_blocks("host", off.host_blocks, off.host_gb, config, model_config, dtype)
+
+
+def disk_tier_for(config, model_config, dtype: torch.dtype) -> DiskTierSpec | None:
+    """The disk KV tier (None = off): ``kv_offload.disk_dir`` holding ``disk_blocks`` blocks, else
+    ``disk_gb`` over the bytes of one block."""
+    off = config.kv_offload
+    if not off.disk_enabled:
+        return None
+    n = _tier_blocks("disk", off.disk_blocks, off.disk_gb, config, model_config, dtype)
+    return DiskTierSpec(os.path.abspath(os.path.expanduser(off.disk_dir)), n)
+
+
+def _tier_blocks(tier: str, blocks: int | None, gb: float | None, config, model_config, dtype: torch.dtype) -> int:
+    if blocks is not None:
+        return blocks
     per_block = kv_block_bytes(model_config, config.block_size, dtype)
-    n = int(off.host_gb * 2**30) // per_block
+    n = int(gb * 2**30) // per_block
     if n < 1:
-        raise ValueError(f"kv_offload.host_gb={off.host_gb} is smaller than one KV block ({per_block} bytes "
-                         f"= {per_block / 2**30:.3g} GiB for block_size {config.block_size}): raise --kv-host-gb "
-                         "or pass 0 to turn the host tier off")
+        raise ValueError(f"kv_offload.{tier}_gb={gb} is smaller than one KV block ({per_block} bytes "
+                         f"= {per_block / 2**30:.3g} GiB for block_size {config.block_size}): raise --kv-{tier}-gb "
+                         f"or pass 0 to turn the {tier} tier off")
     return n
 
 

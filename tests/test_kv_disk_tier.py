@@ -156,3 +156,14 @@ def test_serve_args_carry_the_disk_tier(tmp_path):
 
     args = ServeArgs(engine={"kv_offload": {"host_gb": 1, "disk_dir": str(tmp_path), "disk_gb": 4}})
     assert args.engine.kv_offload.disk_enabled and args.engine.kv_offload.disk_dir == str(tmp_path)
+
+
+def test_each_serve_replica_gets_a_disk_dir_of_its_own(tmp_path):
+    from deployments.engine_factory import replica_engine_config
+    from deployments.serve_config import ServeArgs
+
+    args = ServeArgs(engine={"kv_offload": {"host_gb": 1, "disk_dir": str(tmp_path), "disk_gb": 4}}, num_cpus=2)
+    a, b = (replica_engine_config(args, r).kv_offload for r in ("r1", "r2"))
+    assert (a.disk_dir, b.disk_dir) == (str(tmp_path / "replica-r1"), str(tmp_path / "replica-r2"))
+    assert a.disk_gb == 4 and replica_engine_config(args, "r1").num_threads == 2
+    assert replica_engine_config(ServeArgs(), "r1") == ServeArgs().engine.model_copy(update={"num_threads": 1})

@@ -39,7 +39,6 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
-
 from typing import ClassVar
 
 from actors.kv_disk_tier import DiskTier

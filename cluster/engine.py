@@ -31,7 +31,7 @@ from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
 from cluster.proposers import build_proposer
-from cluster.runtime import disk_tier_for, host_blocks_for, kv_blocks_for, resolve_device_dtype
+from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype
 from cluster.step_clock import StepClock
 
 log = logging.getLogger("specray.engine")
@@ -71,13 +71,7 @@ class LLMEngine:
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
-        num_host = host_blocks_for(config, loaded.config, self.dtype)
-        disk = disk_tier_for(config, loaded.config, self.dtype)
-        if num_host and kv is not None:
-            raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")
-        if disk is not None and verifier is not None:
-            raise ValueError("kv_offload.disk_dir needs the in-process verifier; this verifier backend has no "
-                             "disk tier yet (leave --kv-disk-dir out)")
+        num_host, disk = kv_tiers_for(config, loaded.config, self.dtype, verifier is not None, kv is not None)
         self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
                                              num_host_blocks=num_host, enforce_eager=config.enforce_eager,
                                              max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,

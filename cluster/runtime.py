@@ -26,6 +26,19 @@ def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
     return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * elem
 
 
+def kv_tiers_for(config, model_config, dtype: torch.dtype, remote_verifier: bool,
+                 remote_kv: bool) -> tuple[int, DiskTierSpec | None]:
+    """(host tier blocks, disk tier or None); tiers need the in-process KV service, and the disk tier
+    the in-process verifier (checked before anything, the disk dir's lock included, is taken)."""
+    num_host, disk = host_blocks_for(config, model_config, dtype), disk_tier_for(config, model_config, dtype)
+    if num_host and remote_kv:
+        raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")
+    if disk is not None and remote_verifier:
+        raise ValueError("kv_offload.disk_dir needs the in-process verifier; this verifier backend has no "
+                         "disk tier yet (leave --kv-disk-dir out)")
+    return num_host, disk
+
+
 def host_blocks_for(config, model_config, dtype: torch.dtype) -> int:
     """Blocks of the host KV tier (0 = off): ``kv_offload.host_blocks``, else ``host_gb`` over the
     bytes of one block (all layers, K and V)."""

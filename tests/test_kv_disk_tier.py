@@ -129,7 +129,8 @@ def test_blocks_round_trip_device_host_disk_device(tmp_path):
 def test_disk_pool_locks_its_directory_until_closed(tmp_path):
     like = _random_caches()
     first = DiskKVPool(DiskTierSpec(str(tmp_path), 2), like)
-    with pytest.raises(ValueError, match=rf"KV disk dir '{tmp_path}' is in use by another engine \(pid {os.getpid()}\)"):
+    in_use = rf"KV disk dir '{tmp_path}' is in use by another engine \(pid {os.getpid()}\)"
+    with pytest.raises(ValueError, match=in_use):
         DiskKVPool(DiskTierSpec(str(tmp_path), 2), like)
     first.close()
     first.close()  # idempotent
@@ -167,3 +168,16 @@ def test_each_serve_replica_gets_a_disk_dir_of_its_own(tmp_path):
     assert (a.disk_dir, b.disk_dir) == (str(tmp_path / "replica-r1"), str(tmp_path / "replica-r2"))
     assert a.disk_gb == 4 and replica_engine_config(args, "r1").num_threads == 2
     assert replica_engine_config(ServeArgs(), "r1") == ServeArgs().engine.model_copy(update={"num_threads": 1})
+
+
+def test_tiers_need_the_in_process_kv_service_and_verifier(tmp_path):
+    from cluster.config import EngineConfig
+    from cluster.runtime import kv_tiers_for
+
+    cfg = EngineConfig(kv_offload={"host_blocks": 4, "disk_dir": str(tmp_path / "kv"), "disk_blocks": 8})
+    assert kv_tiers_for(cfg, None, torch.float32, False, False) == (4, DiskTierSpec(str(tmp_path / "kv"), 8))
+    with pytest.raises(ValueError, match="disk_dir needs the in-process verifier"):
+        kv_tiers_for(cfg, None, torch.float32, True, False)
+    with pytest.raises(ValueError, match="needs the in-process KV service"):
+        kv_tiers_for(cfg, None, torch.float32, False, True)
+    assert not (tmp_path / "kv").exists()  # refused before the directory was touched

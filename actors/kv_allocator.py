@@ -23,23 +23,28 @@ entry until reused. The free list is an OrderedDict: uncached blocks first, then
 recently freed first (LRU eviction; a sequence frees its tail first); a hit on a free cached block
 removes it in O(1).
 
-Host tier (optional, ``num_host_blocks`` > 0; actors/kv_host_tier.py): a cached block that LRU
-reuse takes from the free list is written back to the host tier instead of being dropped, and a
-lookup that misses on the device continues there (verified the same way); host hits are loaded into
-fresh device blocks. The allocator only decides: each move is a ``BlockCopy`` collected until
-``take_copies()``, which the tensor owner executes, in order, before the step's forward.
+Lower tiers (optional, ``num_host_blocks`` > 0, and below it ``num_disk_blocks``; actors/kv_tiers.py):
+a cached block that LRU reuse takes from the free list is written back to the host tier instead of
+being dropped (the host tier's own LRU overflow goes to disk), and a lookup that misses on the device
+continues there (verified the same way); lower-tier hits are loaded into fresh device blocks. The
+allocator only decides: each move is a ``BlockCopy`` collected until ``take_copies()``, which the
+tensor owner executes, in order, before the step's forward.
 
 Stats: `prefix_queries` and `prefix_hits` count TOKENS (prompt tokens asked by `allocate`, tokens
-served from the cache); `host_hits` counts the tokens of `prefix_hits` that came from the host tier.
+served from the cache); `host_hits` and `disk_hits` count the tokens of `prefix_hits` that came from
+the host tier and from disk.
 """
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
-from actors.kv_host_tier import EVICT, LOAD, BlockCopy, HostEntry, HostTier
+from actors.kv_disk_tier import DiskTier
+from actors.kv_host_tier import BlockCopy, HostEntry, HostTier
 from actors.kv_invariants import check_allocator, expect as _expect
+from actors.kv_tiers import LowerTiers
 
 _ROOT = 0  # chain id of the empty prefix
 _BROKEN = -1  # chain state after a hash collision: nothing further of that sequence is registered
@@ -56,6 +61,7 @@ def block_hash(prev_hash: int | None, token_ids: tuple[int, ...]) -> int:
 
 @dataclass(slots=True)
 class Block:
+    tier: ClassVar[str] = "device"
     id: int
     ref_count: int = 0
     hash: int | None = None  # not None iff the block is registered in the prefix cache
@@ -77,6 +83,7 @@ class _Seq:
     prev_hash: int | None = None  # hash state after block num_committed // block_size - 1
     prev_chain_id: int = _ROOT
     host_hit_tokens: int = 0  # of the prefix hit at allocate, tokens loaded from the host tier
+    disk_hit_tokens: int = 0  # ... and from the disk tier
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -94,12 +101,16 @@ class KVBlockAllocator:
     """Fixed-size KV blocks, one block table per sequence (int seq_id), prefix cache, LRU reuse."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, num_disk_blocks: int = 0):
         self.num_blocks = _check_count("num_blocks", num_blocks, 1)
         n_host = _check_count("num_host_blocks", num_host_blocks, 0)
-        self.host: HostTier | None = HostTier(n_host) if n_host else None
-        self._copies: list[BlockCopy] = []  # decided moves between tiers, not yet executed
+        n_disk = _check_count("num_disk_blocks", num_disk_blocks, 0)
+        if n_disk and not n_host:
+            raise ValueError(f"num_disk_blocks={n_disk} needs a host tier (num_host_blocks >= 1): the disk "
+                             "tier holds what the host tier overflows")
+        self.tiers: LowerTiers | None = LowerTiers(n_host, n_disk) if n_host else None
         self.host_hits = 0
+        self.disk_hits = 0
         self.block_size = _check_count("block_size", block_size, 1)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._blocks = [Block(i) for i in range(num_blocks)]
@@ -131,14 +142,25 @@ class KVBlockAllocator:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
+    @property
+    def host(self) -> HostTier | None:
+        return self.tiers.host if self.tiers is not None else None
+
+    @property
+    def disk(self) -> DiskTier | None:
+        return self.tiers.disk if self.tiers is not None else None
+
     def host_hit_tokens(self, seq_id: int) -> int:
         """Tokens of seq_id's prefix hit (at allocate) that were loaded from the host tier."""
         return self._seq(seq_id).host_hit_tokens
 
+    def disk_hit_tokens(self, seq_id: int) -> int:
+        """Tokens of seq_id's prefix hit (at allocate) that were loaded from the disk tier."""
+        return self._seq(seq_id).disk_hit_tokens
+
     def take_copies(self) -> list[BlockCopy]:
         """The tier moves decided since the last call, in the order they must be executed."""
-        copies, self._copies = self._copies, []
-        return copies
+        return self.tiers.take_copies() if self.tiers is not None else []
 
     def has_seq(self, seq_id: int) -> bool:
         return seq_id in self._seqs
@@ -186,19 +208,20 @@ class KVBlockAllocator:
         blocks = self._take_hits(hits)
         blocks += [self._take_fresh() for _ in range(self._blocks_for(total) - len(hits))]
         hit_tokens = len(hits) * self.block_size
-        host_tokens = sum(isinstance(b, HostEntry) for b in hits) * self.block_size
-        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id, host_tokens)
+        host_tokens, disk_tokens = (sum(b.tier == t for b in hits) * self.block_size for t in ("host", "disk"))
+        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id, host_tokens, disk_tokens)
         self.prefix_queries += len(token_ids)
         self.prefix_hits += hit_tokens
         self.host_hits += host_tokens
+        self.disk_hits += disk_tokens
         return hit_tokens
 
     def _take_hits(self, hits: list[Block | HostEntry]) -> list[int]:
-        """Reference the device hits, then load each host hit into a fresh device block (in order).
-        Host hits are pinned first so evictions made room for them cannot push them out."""
+        """Reference the device hits, then load each lower-tier hit into a fresh device block (in
+        order). Those are pinned first so evictions made room for them cannot push them out."""
         for b in hits:
             if isinstance(b, HostEntry):
-                self.host.pin(b.hash)
+                self.tiers.pin(b)
             else:
                 if b.ref_count == 0:
                     del self._free[b.id]
@@ -209,8 +232,7 @@ class KVBlockAllocator:
                 out.append(b.id)
                 continue
             bid = self._take_fresh()
-            self._copies.append(BlockCopy(LOAD, bid, b.slot))  # before take() frees the slot
-            e = self.host.take(b.hash)
+            e = self.tiers.load(b, bid)
             self._set_cached(self._blocks[bid], e.hash, e.token_ids, e.parent_chain_id, e.chain_id)
             out.append(bid)
         return out
@@ -271,7 +293,7 @@ class KVBlockAllocator:
             return
         other_id = self._cached.get(h)
         if other_id is None:
-            self._set_cached(block, h, toks, s.prev_chain_id, self._host_chain_id(h, toks, s.prev_chain_id))
+            self._set_cached(block, h, toks, s.prev_chain_id, self._lower_chain_id(h, toks, s.prev_chain_id))
         elif not self._matches(self._blocks[other_id], toks, s.prev_chain_id):
             s.prev_chain_id = _BROKEN  # collision: a different prefix owns this hash
             return
@@ -288,14 +310,13 @@ class KVBlockAllocator:
             block = self._blocks[other_id]  # in-use duplicate: keep it, our copy stays uncached
         s.prev_chain_id = block.chain_id
 
-    def _host_chain_id(self, h: int, toks: tuple[int, ...], parent_chain_id: int) -> int:
-        """A new device entry supersedes a host copy of the same hash (tiers are exclusive); when
-        that copy holds the same prefix, its chain id carries over so its host children stay
-        reachable."""
-        e = self.host.get(h) if self.host is not None else None
+    def _lower_chain_id(self, h: int, toks: tuple[int, ...], parent_chain_id: int) -> int:
+        """A new device entry supersedes a host or disk copy of the same hash (tiers are exclusive);
+        when that copy holds the same prefix, its chain id carries over so its children in the lower
+        tiers stay reachable."""
+        e = self.tiers.supersede(h) if self.tiers is not None else None
         if e is None:
             return self._new_chain_id()
-        self.host.drop(h)
         same = e.token_ids == toks and e.parent_chain_id == parent_chain_id
         return e.chain_id if same else self._new_chain_id()
 
@@ -347,7 +368,7 @@ class KVBlockAllocator:
             toks = tuple(token_ids[i * bs:(i + 1) * bs])
             h = self._hash(prev_hash, toks)
             bid = self._cached.get(h)
-            hit = self._blocks[bid] if bid is not None else (self.host.get(h) if self.host else None)
+            hit = self._blocks[bid] if bid is not None else (self.tiers.get(h) if self.tiers else None)
             if hit is None or not self._matches(hit, toks, prev_chain_id):
                 break
             hits.append(hit)
@@ -374,10 +395,8 @@ class KVBlockAllocator:
         bid, _ = self._free.popitem(last=False)
         b = self._blocks[bid]
         if b.hash is not None:
-            if self.host is not None:  # write back before the block is reused
-                slot = self.host.put(b.hash, b.token_ids, b.chain_id, b.parent_chain_id)
-                if slot is not None:
-                    self._copies.append(BlockCopy(EVICT, bid, slot))
+            if self.tiers is not None:  # write back before the block is reused
+                self.tiers.write_back(bid, b.hash, b.token_ids, b.chain_id, b.parent_chain_id)
             del self._cached[b.hash]
             b.clear()
         b.ref_count = 1

@@ -10,26 +10,43 @@ device or here, never in both.
 Each move is a ``BlockCopy`` the allocator returns in its plan; whoever owns the tensors (the
 verifier, ``actors.kv_host_pool``) executes them in order before the step's forward. Order matters:
 a host slot freed by a load may be refilled by a later eviction in the same plan, and executing
-the copies in the order they were decided keeps every block's bytes intact.
+the copies in the order they were decided keeps every block's bytes intact. With a disk tier
+(actors/kv_disk_tier.py, actors/kv_tiers.py) two more kinds join the plan: SPILL (a host entry the
+host LRU pushes out goes to disk) and DISK_LOAD (a disk hit goes straight to a device block).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
 EVICT = "evict"  # device block -> host slot (copy-out, before the device block is reused)
 LOAD = "load"  # host slot -> device block (copy-in, before the block's K/V are read)
+SPILL = "spill"  # host slot -> disk slot (the host tier's LRU overflow, before the slot is reused)
+DISK_LOAD = "disk_load"  # disk slot -> device block (a disk hit, before the block's K/V are read)
 
 
 @dataclass(slots=True, frozen=True)
 class BlockCopy:
-    kind: str  # EVICT | LOAD
-    device_block: int
-    host_slot: int
+    kind: str  # EVICT | LOAD | SPILL | DISK_LOAD
+    device_block: int  # -1 for SPILL
+    host_slot: int  # -1 for DISK_LOAD
+    disk_slot: int = -1  # SPILL and DISK_LOAD only
+
+    def ends(self) -> tuple[int, int]:
+        """(source, destination) of the move, each an index into its own tier."""
+        if self.kind == EVICT:
+            return self.device_block, self.host_slot
+        if self.kind == LOAD:
+            return self.host_slot, self.device_block
+        if self.kind == SPILL:
+            return self.host_slot, self.disk_slot
+        return self.disk_slot, self.device_block
 
 
 @dataclass(slots=True)
 class HostEntry:
+    tier: ClassVar[str] = "host"
     slot: int
     hash: int
     token_ids: tuple[int, ...]
@@ -38,11 +55,15 @@ class HostEntry:
 
 
 class HostTier:
-    """``num_slots`` host blocks, an LRU of cached entries keyed by chained hash."""
+    """``num_slots`` host blocks, an LRU of cached entries keyed by chained hash. The disk tier
+    (actors/kv_disk_tier.py) keeps the same books over its file's slots."""
+
+    label = "host"
+    entry_cls: ClassVar[type] = HostEntry
 
     def __init__(self, num_slots: int):
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-            raise ValueError(f"host tier num_slots must be an int >= 1, got {num_slots!r}")
+            raise ValueError(f"{self.label} tier num_slots must be an int >= 1, got {num_slots!r}")
         self.num_slots = num_slots
         self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # hash -> entry, LRU first
@@ -55,18 +76,22 @@ class HostTier:
     def num_blocks(self) -> int:
         return len(self._entries)
 
+    @property
+    def is_full(self) -> bool:
+        return not self._free_slots
+
     def get(self, h: int) -> HostEntry | None:
         return self._entries.get(h)
 
     def put(self, h: int, token_ids: tuple[int, ...], chain_id: int, parent_chain_id: int) -> int | None:
-        """Keep a block evicted from the device; returns its host slot, or None when every slot
+        """Keep a block evicted from the tier above; returns its slot, or None when every slot
         holds a block being loaded right now (then the block is simply dropped)."""
         if h in self._entries:  # exclusive tiers make this unreachable; refresh defensively
             self.drop(h)
         if not self._free_slots and not self._drop_lru():
             return None
         slot = self._free_slots.pop()
-        self._entries[h] = HostEntry(slot, h, token_ids, chain_id, parent_chain_id)
+        self._entries[h] = self.entry_cls(slot, h, token_ids, chain_id, parent_chain_id)
         self.num_evicted += 1
         return slot
 
@@ -90,21 +115,31 @@ class HostTier:
             self._free_slots.append(e.slot)
             self.num_dropped += 1
 
+    def pop_lru(self) -> HostEntry | None:
+        """Remove and return the least recently used entry not pinned (None if every entry is).
+        Its slot is free at once: the copy that saves it elsewhere is planned before any copy that
+        refills the slot."""
+        h = next((h for h in self._entries if h not in self._pinned), None)
+        if h is None:
+            return None
+        e = self._entries.pop(h)
+        self._free_slots.append(e.slot)
+        return e
+
     def _drop_lru(self) -> bool:
-        for h in self._entries:
-            if h not in self._pinned:
-                self.drop(h)
-                return True
-        return False
+        if self.pop_lru() is None:
+            return False
+        self.num_dropped += 1
+        return True
 
     def check_invariants(self) -> None:
         used = [e.slot for e in self._entries.values()]
         slots = used + self._free_slots
         if sorted(slots) != list(range(self.num_slots)):
-            raise AssertionError(f"host tier: slots leaked or doubled (used {sorted(used)}, "
+            raise AssertionError(f"{self.label} tier: slots leaked or doubled (used {sorted(used)}, "
                                  f"free {sorted(self._free_slots)}, {self.num_slots} slots)")
         for h, e in self._entries.items():
             if e.hash != h:
-                raise AssertionError(f"host tier: entry under {h} has hash {e.hash}")
+                raise AssertionError(f"{self.label} tier: entry under {h} has hash {e.hash}")
         if not self._pinned <= self._entries.keys():
-            raise AssertionError(f"host tier: pinned hashes {self._pinned - self._entries.keys()} not held")
+            raise AssertionError(f"{self.label} tier: pinned hashes {self._pinned - self._entries.keys()} not held")

@@ -10,7 +10,8 @@ def expect(cond: bool, msg: str) -> None:
 
 def check_allocator(a) -> None:
     """Ref counts equal the tables holding each block, the free list holds exactly the unheld
-    blocks, cache entries and blocks agree, the host tier is consistent and exclusive of the device."""
+    blocks, cache entries and blocks agree, the lower tiers are consistent and exclusive of the device
+    and of each other."""
     refs = [0] * a.num_blocks
     for seq_id, s in a._seqs.items():
         _check_seq(a, seq_id, s)
@@ -29,10 +30,10 @@ def check_allocator(a) -> None:
     for h, bid in a._cached.items():
         expect(a._blocks[bid].hash == h, f"cache entry {h} -> block {bid} is stale")
     expect(len(a._free) == refs.count(0), "free list size != blocks with no holder")
-    if a.host is not None:
-        a.host.check_invariants()
-        both = [h for h in a._cached if a.host.get(h) is not None]
-        expect(not both, f"hashes {both[:3]} cached on the device and in the host tier")
+    if a.tiers is not None:
+        a.tiers.check_invariants()
+        both = [h for h in a._cached if a.tiers.get(h) is not None]
+        expect(not both, f"hashes {both[:3]} cached on the device and in a lower tier")
 
 
 def _check_seq(a, seq_id: int, s) -> None:

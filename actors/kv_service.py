@@ -42,6 +42,7 @@ class Grant:
     num_spec: int  # draft slots reserved after the root
     num_computed: int  # after a prefix-cache hit (admitted sequences)
     num_host_cached: int = 0  # of that hit, tokens loaded from the host tier
+    num_disk_cached: int = 0  # ... and from the disk tier
 
 
 @dataclass(slots=True)
@@ -109,7 +110,8 @@ def _admit(alloc: KVBlockAllocator, waiting: list[KVEntry], num_running: int, ma
             return
         cached = alloc.allocate(e.seq_id, e.token_ids)
         want = min(e.num_tokens - cached, token_budget)
-        plan.granted.append(Grant(e.seq_id, want, 0, cached, alloc.host_hit_tokens(e.seq_id)))
+        plan.granted.append(Grant(e.seq_id, want, 0, cached, alloc.host_hit_tokens(e.seq_id),
+                                  alloc.disk_hit_tokens(e.seq_id)))
         token_budget -= want
         num_running += 1
 
@@ -118,9 +120,11 @@ class KVService:
     """The allocator behind a batched, per-step API (in-process or a Ray actor)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0, block_bytes: int = 0):
-        """num_host_blocks > 0: a host KV tier; block_bytes: bytes one block moves (for stats)."""
-        self.allocator = KVBlockAllocator(num_blocks, block_size, enable_prefix_caching, num_host_blocks)
+                 num_host_blocks: int = 0, block_bytes: int = 0, num_disk_blocks: int = 0):
+        """num_host_blocks > 0: a host KV tier, num_disk_blocks > 0: a disk tier below it;
+        block_bytes: bytes one block moves (for stats)."""
+        self.allocator = KVBlockAllocator(num_blocks, block_size, enable_prefix_caching, num_host_blocks,
+                                          num_disk_blocks)
         self.block_bytes = block_bytes
 
     def plan(self, running: list[KVEntry], waiting: list[KVEntry], max_num_seqs: int,
@@ -141,7 +145,8 @@ class KVService:
         """Drop every sequence's blocks (the KV cache they indexed is gone, e.g. a verifier restart)."""
         a = self.allocator
         self.allocator = KVBlockAllocator(a.num_blocks, a.block_size, a.enable_prefix_caching,
-                                          a.host.num_slots if a.host is not None else 0)
+                                          a.host.num_slots if a.host is not None else 0,
+                                          a.disk.num_slots if a.disk is not None else 0)
 
     def stats(self) -> dict:
         a = self.allocator
@@ -152,11 +157,14 @@ class KVService:
 
 
 def _host_stats(a: KVBlockAllocator, block_bytes: int) -> dict:
-    """Host tier figures (hits in tokens, moves in blocks and bytes); empty without a host tier.
-    Counts of decided moves: the engine executes every move of a plan before its forward."""
-    h = a.host
-    if h is None:
-        return {}
-    return {"host_num_blocks": h.num_slots, "host_cached_blocks": h.num_blocks, "host_hits": a.host_hits,
-            "host_blocks_evicted": h.num_evicted, "host_blocks_loaded": h.num_loaded,
-            "host_bytes_out": h.num_evicted * block_bytes, "host_bytes_in": h.num_loaded * block_bytes}
+    """Lower tier figures (hits in tokens, moves in blocks and bytes), ``host_*`` and with a disk
+    tier ``disk_*``; empty without tiers. Counts of decided moves: the engine executes every move
+    of a plan before its forward (``disk_blocks_evicted``: spilled host -> disk)."""
+    out = {}
+    for name, t, hits in (("host", a.host, a.host_hits), ("disk", a.disk, a.disk_hits)):
+        if t is not None:
+            out.update({f"{name}_num_blocks": t.num_slots, f"{name}_cached_blocks": t.num_blocks,
+                        f"{name}_hits": hits, f"{name}_blocks_evicted": t.num_evicted,
+                        f"{name}_blocks_loaded": t.num_loaded, f"{name}_bytes_out": t.num_evicted * block_bytes,
+                        f"{name}_bytes_in": t.num_loaded * block_bytes})
+    return out

@@ -115,6 +115,7 @@ class BatchScheduler:
                 seq.num_computed = g.num_computed
                 seq.num_cached_tokens = min(g.num_computed, seq.num_prompt_tokens)
                 seq.num_host_cached_tokens = min(g.num_host_cached, seq.num_cached_tokens)
+                seq.num_disk_cached_tokens = min(g.num_disk_cached, seq.num_cached_tokens - seq.num_host_cached_tokens)
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
             decode = seq.num_uncomputed == 1 and g.num_query == 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.kv_disk_pool import DiskTierSpec
 from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
@@ -71,8 +72,10 @@ class Verifier:
 
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, num_host_blocks: int = 0,
-                 enforce_eager: bool = False, max_num_seqs: int = 64, max_model_len: int | None = None):
-        """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py);
+                 enforce_eager: bool = False, max_num_seqs: int = 64, max_model_len: int | None = None,
+                 kv_disk: DiskTierSpec | None = None):
+        """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py), with
+        ``kv_disk`` a disk tier below it (actors/kv_disk_pool.py);
         max_num_seqs / max_model_len size the graphs' static inputs (default: the whole KV cache)."""
         cfg = model.config
         self.model = model
@@ -83,7 +86,9 @@ class Verifier:
         self.kv_caches = allocate_kv_cache(
             cfg.num_layers, num_blocks, block_size, model.num_kv_heads_per_rank, cfg.head_dim, dtype, device
         )
-        self.host_pool = HostKVPool(self.kv_caches, num_host_blocks) if num_host_blocks else None
+        if kv_disk is not None and not num_host_blocks:
+            raise ValueError(f"a disk KV tier ({kv_disk.directory!r}) needs a host tier: num_host_blocks >= 1")
+        self.host_pool = HostKVPool(self.kv_caches, num_host_blocks, kv_disk) if num_host_blocks else None
         self.graphs = None
         if not enforce_eager and graphs_usable(model, torch.device(device)) is None:
             from actors.model.graph_runner import CudaGraphRunner
@@ -122,13 +127,23 @@ class Verifier:
         copy_kv_slots(self.kv_caches, to_device(src, self.device), to_device(dst, self.device))
 
     def apply_block_copies(self, copies: list[BlockCopy]) -> None:
-        """Execute the allocator's tier moves (evict device -> host, load host -> device), in order,
-        before the step's forward."""
+        """Execute the allocator's tier moves (evict device -> host, load host -> device, spill host
+        -> disk, load disk -> device), in order, before the step's forward."""
         if not copies:
             return
         if self.host_pool is None:
             raise RuntimeError(f"{len(copies)} KV tier copies but this verifier has no host tier")
         self.host_pool.execute(self.kv_caches, copies)
+
+    def kv_copy_stats(self) -> dict[str, tuple[int, float]]:
+        """Bytes and seconds copied between KV tiers, per direction (empty without tiers)."""
+        pool = self.host_pool
+        return {d: (int(b), s) for d, (b, s) in pool.moved.items()} if pool is not None else {}
+
+    def close_kv_tiers(self) -> None:
+        """Release the disk tier's file and directory lock (engine shutdown)."""
+        if self.host_pool is not None:
+            self.host_pool.close()
 
     def warmup(self) -> None:
         n = min(4, self.block_size * self.num_blocks)

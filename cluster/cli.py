@@ -52,6 +52,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-host-gb", type=float, default=None, metavar="G",
                    help="host KV tier of G GiB: prefix-cache blocks the device pool evicts are kept in host memory "
                         "and loaded back on a prefix hit instead of recomputed (default/0: off)")
+    p.add_argument("--kv-disk-dir", default=None, metavar="D",
+                   help="disk KV tier in directory D (one engine per directory): blocks the host tier overflows "
+                        "go to a preallocated file there and are loaded back on a prefix hit (needs --kv-host-gb "
+                        "and --kv-disk-gb)")
+    p.add_argument("--kv-disk-gb", type=float, default=None, metavar="G", help="size of the disk KV tier in GiB")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
                    help="micro-batches per step so drafter workers overlap verification (with --ray --drafters)")
 
@@ -117,7 +122,8 @@ def engine_config_from_args(args):
         draft_overlap_micro_batches=args.draft_overlap,
         attention_backend=getattr(args, "attention_backend", "auto"),
         enforce_eager=getattr(args, "enforce_eager", False),
-        kv_offload={"host_gb": getattr(args, "kv_host_gb", None)},
+        kv_offload={"host_gb": getattr(args, "kv_host_gb", None), "disk_dir": getattr(args, "kv_disk_dir", None),
+                    "disk_gb": getattr(args, "kv_disk_gb", None)},
     )
 
 

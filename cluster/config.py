@@ -141,16 +141,38 @@ def is_eagle_draft(draft: str) -> bool:
 class KVOffloadConfig(BaseModel):
     """KV tiers below the device pool. ``host_gb``: a host-memory tier of that many GiB for
     prefix-cache blocks the device pool evicts (0/None = off); ``host_blocks`` sizes it in blocks
-    instead (tests). Slice 1 of issue 27: no disk tier, swap preemption or shared tier yet."""
+    instead (tests). ``disk_dir`` + ``disk_gb`` (or ``disk_blocks``): a disk tier below the host
+    tier, in one preallocated file in that directory, which one engine holds at a time; it needs
+    the host tier. Not yet (issue 27): swap preemption, the shared tier across replicas."""
 
     model_config = ConfigDict(extra="forbid")
 
     host_gb: float | None = Field(None, ge=0)
     host_blocks: int | None = Field(None, ge=0)
+    disk_dir: str | None = None
+    disk_gb: float | None = Field(None, ge=0)
+    disk_blocks: int | None = Field(None, ge=0)
 
     @property
     def enabled(self) -> bool:
         return bool(self.host_blocks) if self.host_blocks is not None else bool(self.host_gb)
+
+    @property
+    def disk_enabled(self) -> bool:
+        return bool(self.disk_blocks) if self.disk_blocks is not None else bool(self.disk_gb)
+
+    @model_validator(mode="after")
+    def _disk_needs_dir_and_host(self) -> KVOffloadConfig:
+        size = f"disk_blocks={self.disk_blocks}" if self.disk_blocks is not None else f"disk_gb={self.disk_gb}"
+        if self.disk_enabled and not (self.disk_dir or "").strip():
+            raise ValueError(f"kv_offload.{size} needs disk_dir: the directory of the disk tier's file "
+                             "(--kv-disk-dir D)")
+        if self.disk_dir and not self.disk_enabled:
+            raise ValueError(f"kv_offload.disk_dir={self.disk_dir!r} needs a size: disk_gb > 0 (--kv-disk-gb G)")
+        if self.disk_enabled and not self.enabled:
+            raise ValueError(f"kv_offload.{size} needs the host tier (host_gb > 0, --kv-host-gb G): the disk "
+                             "tier holds what the host tier overflows")
+        return self
 
 
 class EngineConfig(BaseModel):

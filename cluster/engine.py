@@ -31,7 +31,7 @@ from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder
 from cluster.proposers import build_proposer
-from cluster.runtime import host_blocks_for, kv_blocks_for, resolve_device_dtype
+from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype
 from cluster.step_clock import StepClock
 
 log = logging.getLogger("specray.engine")
@@ -71,20 +71,20 @@ class LLMEngine:
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
-        num_host = host_blocks_for(config, loaded.config, self.dtype)
+        num_host, disk = kv_tiers_for(config, loaded.config, self.dtype, verifier is not None, kv is not None)
         self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
                                              num_host_blocks=num_host, enforce_eager=config.enforce_eager,
-                                             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+                                             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                             kv_disk=disk)
         if num_host and getattr(self.verifier, "host_pool", None) is None:
             raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "
                              "this verifier backend has no host tier yet (turn --kv-host-gb off)")
         if self.verifier.num_blocks != num_blocks or self.verifier.block_size != config.block_size:
             raise ValueError(f"verifier KV cache ({self.verifier.num_blocks} blocks of {self.verifier.block_size}) "
                              f"does not match the engine's ({num_blocks} of {config.block_size})")
-        if num_host and kv is not None:
-            raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")
         self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching, num_host,
-                                  self.verifier.host_pool.block_bytes if num_host else 0)
+                                  self.verifier.host_pool.block_bytes if num_host else 0,
+                                  disk.num_blocks if disk is not None else 0)
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
         if proposer is None and spec.enabled:
@@ -94,6 +94,8 @@ class LLMEngine:
         self.drafting = DraftPlanner(spec, proposer, policy, self.scheduler, self.max_model_len)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth, self.drafting.guard)
+        if num_host:
+            self.metrics.watch_kv_copies(self.verifier.kv_copy_stats)
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
@@ -167,9 +169,13 @@ class LLMEngine:
         self.drafting.on_idle()
 
     def shutdown(self) -> None:
-        """Stop what the engine started besides itself (drafter worker actors)."""
+        """Stop what the engine started besides itself (drafter worker actors, the disk KV tier's
+        file and directory lock)."""
         if self.proposer is not None:
             self.proposer.shutdown()
+        close_tiers = getattr(self.verifier, "close_kv_tiers", None)
+        if close_tiers is not None:
+            close_tiers()
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

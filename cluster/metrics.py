@@ -145,6 +145,11 @@ class EngineMetrics:
         admission line, before the engine), and ``num_requests_waiting`` counts them too."""
         self._state.queued = num_queued
 
+    def watch_kv_copies(self, copies: Callable[[], dict[str, tuple[int, float]]]) -> None:
+        """``kv_offload_copy_seconds{direction}`` reads ``copies()`` at scrape time: bytes and
+        seconds copied between KV tiers per direction (the verifier's ``kv_copy_stats``)."""
+        self._state.kv_copies = copies
+
     def watch_engine_loop(self, alive: Callable[[], bool]) -> None:
         """``engine_up`` reads ``alive()`` at scrape time (the step loop that runs this engine)."""
         self._state.alive = alive
@@ -206,6 +211,7 @@ class _EngineStateCollector:
         self.guard: SpecGuard | None = None
         self.alive: Callable[[], bool] | None = None
         self.queued: Callable[[], int] | None = None
+        self.kv_copies: Callable[[], dict] | None = None
 
     def collect(self) -> Iterable[Metric]:
         s = self.scheduler
@@ -238,6 +244,13 @@ class _EngineStateCollector:
                                   value=stats["prefix_hits"])
         if "host_hits" in stats:
             yield from _kv_offload_metrics(stats)
+        if self.kv_copies is not None:
+            seconds = CounterMetricFamily(P + "kv_offload_copy_seconds",
+                                          "Seconds spent copying KV blocks between tiers, by direction",
+                                          labels=["direction"])
+            for direction, (_, s) in self.kv_copies().items():
+                seconds.add_metric([direction], s)
+            yield seconds
 
     def _guard_metrics(self) -> Iterable[Metric]:
         g = self.guard
@@ -260,18 +273,24 @@ class _EngineStateCollector:
 
 
 def _kv_offload_metrics(stats: dict) -> Iterable[Metric]:
-    """KV tiers (issue 27): hits per tier, blocks held per tier, bytes moved per direction."""
+    """KV tiers (issue 27): hits per tier, blocks held per tier, bytes moved per direction (the disk
+    tier's series only with a disk tier: host_to_disk are spills, disk_to_device loads)."""
+    tiers = ("host", "disk") if "disk_hits" in stats else ("host",)
     hits = CounterMetricFamily(P + "kv_offload_hits", "Prompt tokens served from the prefix cache, by KV tier",
                                labels=["tier"])
-    hits.add_metric(["device"], stats["prefix_hits"] - stats["host_hits"])
-    hits.add_metric(["host"], stats["host_hits"])
+    hits.add_metric(["device"], stats["prefix_hits"] - sum(stats[f"{t}_hits"] for t in tiers))
     blocks = GaugeMetricFamily(P + "kv_offload_blocks", "Prefix-cache blocks held, by KV tier", labels=["tier"])
     blocks.add_metric(["device"], stats["num_cached_blocks"])
-    blocks.add_metric(["host"], stats["host_cached_blocks"])
+    for t in tiers:
+        hits.add_metric([t], stats[f"{t}_hits"])
+        blocks.add_metric([t], stats[f"{t}_cached_blocks"])
     moved = CounterMetricFamily(P + "kv_offload_bytes", "KV bytes copied between tiers, by direction",
                                 labels=["direction"])
     moved.add_metric(["device_to_host"], stats["host_bytes_out"])
     moved.add_metric(["host_to_device"], stats["host_bytes_in"])
+    if "disk_hits" in stats:
+        moved.add_metric(["host_to_disk"], stats["disk_bytes_out"])
+        moved.add_metric(["disk_to_device"], stats["disk_bytes_in"])
     yield from (hits, blocks, moved)
 
 

@@ -28,8 +28,9 @@ class RequestOutput:
     # actors.logprobs.TokenLogprob of this step's new tokens (aligned with delta_token_ids); None
     # unless the request asked for logprobs. A delta only: whole lists would cost O(n^2) to stream.
     delta_logprobs: list | None = None
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (device or host tier)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (device, host or disk tier)
     num_host_cached_tokens: int = 0  # of those, loaded from the host KV tier
+    num_disk_cached_tokens: int = 0  # ... and from the disk KV tier (the rest: found on the device)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -92,4 +93,5 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         delta_logprobs=None if seq.logprobs is None else seq.logprobs[prev_tokens:],
         num_cached_tokens=seq.num_cached_tokens,
         num_host_cached_tokens=seq.num_host_cached_tokens,
+        num_disk_cached_tokens=seq.num_disk_cached_tokens,
     )

@@ -1,7 +1,11 @@
 """Device, dtype and KV-pool sizing decisions, derived from config once."""
 from __future__ import annotations
 
+import os
+
 import torch
+
+from actors.kv_disk_pool import DiskTierSpec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,20 +26,47 @@ def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
     return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * elem
 
 
+def kv_tiers_for(config, model_config, dtype: torch.dtype, remote_verifier: bool,
+                 remote_kv: bool) -> tuple[int, DiskTierSpec | None]:
+    """(host tier blocks, disk tier or None); tiers need the in-process KV service, and the disk tier
+    the in-process verifier (checked before anything, the disk dir's lock included, is taken)."""
+    num_host, disk = host_blocks_for(config, model_config, dtype), disk_tier_for(config, model_config, dtype)
+    if num_host and remote_kv:
+        raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")
+    if disk is not None and remote_verifier:
+        raise ValueError("kv_offload.disk_dir needs the in-process verifier; this verifier backend has no "
+                         "disk tier yet (leave --kv-disk-dir out)")
+    return num_host, disk
+
+
 def host_blocks_for(config, model_config, dtype: torch.dtype) -> int:
     """Blocks of the host KV tier (0 = off): ``kv_offload.host_blocks``, else ``host_gb`` over the
     bytes of one block (all layers, K and V)."""
     off = config.kv_offload
     if not off.enabled:
         return 0
-    if off.host_blocks is not None:
-        return off.host_blocks
+    return _tier_blocks("host", off.host_blocks, off.host_gb, config, model_config, dtype)
+
+
+def disk_tier_for(config, model_config, dtype: torch.dtype) -> DiskTierSpec | None:
+    """The disk KV tier (None = off): ``kv_offload.disk_dir`` holding ``disk_blocks`` blocks, else
+    ``disk_gb`` over the bytes of one block."""
+    off = config.kv_offload
+    if not off.disk_enabled:
+        return None
+    n = _tier_blocks("disk", off.disk_blocks, off.disk_gb, config, model_config, dtype)
+    return DiskTierSpec(os.path.abspath(os.path.expanduser(off.disk_dir)), n)
+
+
+def _tier_blocks(tier: str, blocks: int | None, gb: float | None, config, model_config, dtype: torch.dtype) -> int:
+    if blocks is not None:
+        return blocks
     per_block = kv_block_bytes(model_config, config.block_size, dtype)
-    n = int(off.host_gb * 2**30) // per_block
+    n = int(gb * 2**30) // per_block
     if n < 1:
-        raise ValueError(f"kv_offload.host_gb={off.host_gb} is smaller than one KV block ({per_block} bytes "
-                         f"= {per_block / 2**30:.3g} GiB for block_size {config.block_size}): raise --kv-host-gb "
-                         "or pass 0 to turn the host tier off")
+        raise ValueError(f"kv_offload.{tier}_gb={gb} is smaller than one KV block ({per_block} bytes "
+                         f"= {per_block / 2**30:.3g} GiB for block_size {config.block_size}): raise --kv-{tier}-gb "
+                         f"or pass 0 to turn the {tier} tier off")
     return n
 
 

@@ -137,7 +137,7 @@ class OpenAIIngress(GrpcGenerationMixin):
         if sargs.api_key_env and api_key is None:
             raise ValueError(f"api_key_env={sargs.api_key_env!r}: that environment variable is not set on the "
                              f"replica; set it there (e.g. runtime_env env_vars) or leave api_key_env out")
-        engine, self._stop_actors = build_engine(sargs)
+        engine, self._stop_actors = build_engine(sargs, serve.get_replica_context().replica_id.unique_id)
         admission = Admission(sargs.max_ongoing_requests, sargs.max_queued_requests, sargs.retry_after_s,
                               sargs.queue_timeout_s)
         self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,

@@ -131,3 +131,119 @@ def test_cli_negative_host_tier_names_the_value(capsys):
     assert main(["generate", "x", "--kv-host-gb", "-1"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "host_gb" in err and "-1" in err
+
+
+# ---- disk tier below the host tier --------------------------------------------------------------
+def _disk(tmp_path, host_blocks: int = 6, disk_blocks: int = 64, **kw) -> dict:
+    return {"host_blocks": host_blocks, "disk_dir": str(tmp_path / "kv"), "disk_blocks": disk_blocks, **kw}
+
+
+def test_disk_tier_same_output_and_prefixes_come_back_from_disk(tiny_target_dir, tmp_path):
+    """Tiers off, host only and host + disk give the same greedy tokens; with a host tier of 6 blocks
+    most of the 4 prompts' evicted prefixes overflow to disk, and the second round loads them from
+    there (verified like any hit) instead of recomputing them."""
+    off = tiny_engine(tiny_target_dir, num_kv_blocks=24)
+    host = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload={"host_blocks": 6})
+    disk = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload=_disk(tmp_path))
+    off1, off2, _, off_n2 = _two_rounds(off)
+    host1, host2, _, host_n2 = _two_rounds(host)
+    disk1, disk2, _, disk_n2 = _two_rounds(disk)
+    ids = [o.token_ids for o in off1]
+    for outs in (off2, host1, host2, disk1, disk2):
+        assert [o.token_ids for o in outs] == ids
+    assert sum(o.num_disk_cached_tokens for o in disk2) > 0
+    assert disk_n2 < host_n2 <= off_n2  # the disk tier kept what the small host tier had to drop
+    for o in disk2:
+        assert o.num_host_cached_tokens + o.num_disk_cached_tokens <= o.num_cached_tokens < o.num_prompt_tokens
+        assert o.to_dict()["num_disk_cached_tokens"] == o.num_disk_cached_tokens  # what --json prints
+    stats = disk.kv.stats()
+    assert stats["disk_blocks_evicted"] > 0 and stats["disk_blocks_loaded"] > 0
+    for eng in (off, host, disk):
+        _assert_no_leak(eng)
+    _check_disk_metrics(disk, stats)
+    disk.shutdown()
+    assert not (tmp_path / "kv" / "specray-kv.blocks").exists()
+
+
+def _check_disk_metrics(eng, stats: dict) -> None:
+    from tests.test_metrics import sample_value
+
+    snap, moved = eng.metrics.snapshot(), eng.verifier.kv_copy_stats()
+
+    def v(name: str, **labels: str) -> float:
+        return sample_value(snap, "specray:" + name, **labels)
+
+    assert v("kv_offload_hits_total", tier="disk") == stats["disk_hits"] > 0
+    assert v("kv_offload_hits_total", tier="device") == stats["prefix_hits"] - stats["host_hits"] - stats["disk_hits"]
+    assert v("kv_offload_blocks", tier="disk") == stats["disk_cached_blocks"]
+    for direction, key in (("host_to_disk", "disk_bytes_out"), ("disk_to_device", "disk_bytes_in")):
+        assert v("kv_offload_bytes_total", direction=direction) == moved[direction][0] == stats[key] > 0
+        assert v("kv_offload_copy_seconds_total", direction=direction) == moved[direction][1] > 0
+
+
+@pytest.mark.parametrize("draft,concurrency", [("none", 2), ("ngram", 3)])
+def test_disk_tier_under_pressure_stays_lossless(tiny_target_dir, tmp_path, draft, concurrency):
+    """A 2-block host tier over a 4-block disk: spills, disk LRU drops, loads from both tiers and
+    preemption in the same plans; outputs still match."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = [o.token_ids for o in tiny_engine(tiny_target_dir, num_kv_blocks=24).generate(PROMPTS, params)]
+    eng = tiny_engine(tiny_target_dir, draft=draft, num_kv_blocks=24,
+                      kv_offload=_disk(tmp_path, host_blocks=2, disk_blocks=4))
+    for _ in range(2):
+        assert [o.token_ids for o in eng.generate(PROMPTS, params, concurrency=concurrency)] == base
+    stats = eng.kv.stats()
+    assert eng.scheduler.num_preemptions > 0 and stats["disk_blocks_loaded"] > 0
+    assert stats["disk_cached_blocks"] <= 4 and stats["host_cached_blocks"] <= 2
+    _assert_no_leak(eng)
+    eng.shutdown()
+
+
+def test_disk_dir_is_one_engines_until_shutdown(tiny_target_dir, tmp_path):
+    first = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload=_disk(tmp_path))
+    with pytest.raises(ValueError, match=rf"KV disk dir '{tmp_path / 'kv'}' is in use by another engine \(pid \d+\)"):
+        tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload=_disk(tmp_path))
+    first.shutdown()
+    second = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload=_disk(tmp_path))
+    second.shutdown()
+
+
+def test_unwritable_disk_dir_is_refused_naming_it(tiny_target_dir, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    bad = tmp_path / "file" / "kv"
+    with pytest.raises(ValueError, match=rf"KV disk dir '{bad}' is not writable"):
+        tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload={"host_blocks": 4, "disk_dir": str(bad),
+                                                                   "disk_blocks": 8})
+
+
+def test_disk_tier_smaller_than_one_block_is_refused(tiny_target_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"kv_offload.disk_gb=1e-09 is smaller than one KV block"):
+        tiny_engine(tiny_target_dir, num_kv_blocks=24,
+                    kv_offload={"host_blocks": 4, "disk_dir": str(tmp_path), "disk_gb": 1e-9})
+
+
+@pytest.mark.parametrize("bad,named", [
+    ({"host_gb": 1, "disk_dir": "/tmp/x", "disk_gb": -1}, "disk_gb"),
+    ({"host_gb": 1, "disk_dir": "/tmp/x", "disk_blocks": -3}, "disk_blocks"),
+    ({"disk_dir": "/tmp/x", "disk_gb": 2}, r"kv_offload.disk_gb=2.0 needs the host tier"),
+    ({"host_gb": 1, "disk_gb": 2}, r"kv_offload.disk_gb=2.0 needs disk_dir"),
+    ({"host_gb": 1, "disk_dir": "/tmp/x"}, r"kv_offload.disk_dir='/tmp/x' needs a size"),
+])
+def test_bad_disk_tier_config_is_refused_naming_the_value(bad, named):
+    with pytest.raises(ValidationError, match=named):
+        EngineConfig(kv_offload=bad)
+
+
+def test_cli_flags_set_the_disk_tier(tmp_path, capsys):
+    from cluster.cli import EXIT_BAD_INPUT, build_parser, engine_config_from_args, main
+
+    args = build_parser().parse_args(["generate", "x", "--kv-host-gb", "0.5", "--kv-disk-dir", str(tmp_path),
+                                      "--kv-disk-gb", "2"])
+    off = engine_config_from_args(args).kv_offload
+    assert (off.disk_dir, off.disk_gb, off.disk_enabled) == (str(tmp_path), 2.0, True)
+    assert main(["generate", "x", "--kv-disk-dir", str(tmp_path), "--kv-disk-gb", "2"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "disk_gb=2.0 needs the host tier" in err and "--kv-host-gb" in err
+    assert main(["generate", "x", "--kv-host-gb", "1", "--kv-disk-dir", str(tmp_path), "--kv-disk-gb", "-1"]) \
+        == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "disk_gb" in err and "-1" in err

@@ -1,6 +1,7 @@
 """A Hypothesis state machine that checks actors.kv_allocator against an independent model of
 block ownership (random allocate/append/truncate/commit/free/preempt), also with a hash
-function that collides all the time."""
+function that collides all the time, and with host and disk tiers below the device pool (the
+model executes every planned copy, so a hit from any tier is checked against the KV it holds)."""
 from __future__ import annotations
 
 import pytest
@@ -31,14 +32,16 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     num_blocks = st.integers(8, 32)
     num_host_blocks = st.just(0)
+    num_disk_blocks = st.just(0)
 
     @initialize(block_size=st.integers(2, 4), caching=st.sampled_from([True, True, True, False]),
                 data=st.data())
     def setup(self, block_size, caching, data):
         num_blocks = data.draw(self.num_blocks, label="num_blocks")
         self.nhost = data.draw(self.num_host_blocks, label="num_host_blocks")
+        self.ndisk = data.draw(self.num_disk_blocks, label="num_disk_blocks")
         self.a = self.allocator_cls(num_blocks, block_size, enable_prefix_caching=caching,
-                                    num_host_blocks=self.nhost)
+                                    num_host_blocks=self.nhost, num_disk_blocks=self.ndisk)
         self.nb, self.bs, self.caching = num_blocks, block_size, caching
         self.tables: dict[int, list[int]] = {}
         self.tokens: dict[int, list[int]] = {}  # known tokens of each sequence
@@ -46,6 +49,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.ncommit: dict[int, int] = {}
         self.content: dict[int, tuple[int, ...]] = {}
         self.host_content: dict[int, tuple[int, ...]] = {}  # host slot -> prefix whose KV it holds
+        self.disk_content: dict[int, tuple[int, ...]] = {}  # disk slot -> prefix whose KV it holds
         self.gone: list[list[int]] = []  # committed tokens of freed sequences
         self.next_id = 0
 
@@ -91,12 +95,21 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Execute the allocator's tier moves on the model's contents, in order (no tier: none)."""
         for c in self.a.take_copies():
             assert self.a.host is not None, c
+            if c.kind in ("spill", "disk_load"):
+                assert self.a.disk is not None, c
             if c.kind == "evict":
                 assert c.device_block in self.content, f"evicting block {c.device_block} without KV"
                 self.host_content[c.host_slot] = self.content[c.device_block]
-            else:
+            elif c.kind == "load":
                 assert c.host_slot in self.host_content, f"loading empty host slot {c.host_slot}"
                 self.content[c.device_block] = self.host_content[c.host_slot]
+            elif c.kind == "spill":
+                assert c.host_slot in self.host_content, f"spilling empty host slot {c.host_slot}"
+                assert 0 <= c.disk_slot < self.ndisk
+                self.disk_content[c.disk_slot] = self.host_content[c.host_slot]
+            else:
+                assert c.disk_slot in self.disk_content, f"loading empty disk slot {c.disk_slot}"
+                self.content[c.device_block] = self.disk_content[c.disk_slot]
 
     def _forget(self, sid: int) -> None:
         for d in (self.tables, self.tokens, self.ntok, self.ncommit):
@@ -235,12 +248,15 @@ class AllocatorMachine(RuleBasedStateMachine):
                 refs[b] += 1
         assert [self.a.ref_count(b) for b in range(self.nb)] == refs
         assert self.a.num_free_blocks == refs.count(0)
-        host = self.a.host
-        if host is not None:  # capacity, and every host entry's slot holds KV of its own tokens
-            assert host.num_blocks <= self.nhost
-            for e in host._entries.values():
-                assert 0 <= e.slot < self.nhost
-                assert self.host_content[e.slot][-self.bs:] == e.token_ids
+        # capacity, and every lower-tier entry's slot holds KV of its own tokens
+        for tier, n, content in ((self.a.host, self.nhost, self.host_content),
+                                 (self.a.disk, self.ndisk, self.disk_content)):
+            if tier is None:
+                continue
+            assert tier.num_blocks <= n
+            for e in tier._entries.values():
+                assert 0 <= e.slot < n
+                assert content[e.slot][-self.bs:] == e.token_ids
 
     def teardown(self):
         if not hasattr(self, "a"):
@@ -274,6 +290,19 @@ class WeakHashHostMachine(HostTierMachine):
     allocator_cls = _WeakHashAllocator
 
 
+class DiskTierMachine(HostTierMachine):
+    """Host tier of 1..4 blocks over a disk tier of 1..8: the host LRU spills to disk, lookups
+    load from either, disk LRU drops."""
+
+    num_blocks = st.integers(6, 10)
+    num_host_blocks = st.integers(1, 4)
+    num_disk_blocks = st.integers(1, 8)
+
+
+class WeakHashDiskMachine(DiskTierMachine):
+    allocator_cls = _WeakHashAllocator
+
+
 TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = _machine_settings
 TestWeakHashMachine = WeakHashMachine.TestCase
@@ -282,3 +311,7 @@ TestHostTierMachine = HostTierMachine.TestCase
 TestHostTierMachine.settings = _machine_settings
 TestWeakHashHostMachine = WeakHashHostMachine.TestCase
 TestWeakHashHostMachine.settings = settings(_machine_settings, max_examples=100)
+TestDiskTierMachine = DiskTierMachine.TestCase
+TestDiskTierMachine.settings = _machine_settings
+TestWeakHashDiskMachine = WeakHashDiskMachine.TestCase
+TestWeakHashDiskMachine.settings = settings(_machine_settings, max_examples=100)

@@ -78,7 +78,7 @@ def test_bad_sizes_name_the_value():
 
 def test_runs_split_on_repeated_slots():
     cs = [BlockCopy(EVICT, 1, 0), BlockCopy(EVICT, 2, 0), BlockCopy(LOAD, 2, 0), BlockCopy(LOAD, 3, 1)]
-    assert _runs(cs) == [(EVICT, [1], [0]), (EVICT, [2], [0]), (LOAD, [2, 3], [0, 1])]
+    assert _runs(cs) == [(EVICT, [1], [0]), (EVICT, [2], [0]), (LOAD, [0, 1], [2, 3])]  # (kind, sources, destinations)
 
 
 def test_pool_copies_round_trip_every_layer():

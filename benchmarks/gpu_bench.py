@@ -1,6 +1,6 @@
 """The GPU figures of issue 26 in one command, one Markdown table per section:
 
-    python -m benchmarks.gpu_bench --stage tiny|8b|default|all --out DIR [--device cuda]
+    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|all --out DIR [--device cuda]
 
 - ``8b``: ``random:llama-3-8b`` (bf16) on the Verifier directly: the device's copy bandwidth and the
   bandwidth-bound TPOT it implies, plain decode TPOT at c=1 and the cost of verifying q tokens
@@ -10,7 +10,10 @@
 - ``default``: the default model through the bench machinery (``specray bench``'s sweep and
   peers): plain vs ``--draft default`` (K=5 and adaptive) at c=1, plain vs adaptive at c=8 and 64,
   and transformers peers (eager generate, prompt lookup; on CUDA also static cache + compile,
-  batch 1 and batch 64).
+  batch 1 and batch 64);
+- ``host``: host time per engine step by phase (``benchmarks/host_profile.py``);
+- ``draft``: what one drafting call of the default EAGLE head costs, eagerly and with its steps as
+  CUDA graphs (``benchmarks/draft_cost.py``; ``--context``/``--reps`` apply).
 
 Each section is written when done (the ``default`` one after each part) to DIR/gpu_bench_<stage>.md
 and .json, and DIR/gpu_bench.md / .json gather every section present, so separate invocations (or
@@ -30,12 +33,13 @@ import torch
 
 from benchmarks.report import fmt, machine_info, md_table
 
-STAGES = ("tiny", "8b", "default", "host")
+STAGES = ("tiny", "8b", "default", "host", "draft")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
 TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "8b": "8b: random:llama-3-8b on the Verifier",
           "default": "default: the engine vs transformers on the default model",
-          "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)"}
+          "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)",
+          "draft": "draft: one drafting call of the default EAGLE head (benchmarks.draft_cost)"}
 
 
 # ---------------------------------------------------------------- output
@@ -266,6 +270,15 @@ def host_section(args, device: torch.device, out: Path) -> str:
     return write_section(out, "host", host_profile.table(rows), {"rows": rows}, notes)
 
 
+def draft_section(args, device: torch.device, out: Path) -> str:
+    from benchmarks import draft_cost
+
+    rows = draft_cost.run("smollm2-135m", device, [1, 8, 64], args.context, args.reps)
+    notes = [f"the default model's EAGLE head, {args.context} committed positions per sequence, K={draft_cost.K}; "
+             f"tree width {draft_cost.TREE_WIDTH}; eager vs the head's steps as CUDA graphs"]
+    return write_section(out, "draft", draft_cost.table(rows), {"rows": rows}, notes)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -331,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                                {"skipped": f"needs CUDA, not {device}"})
         else:
             try:
-                md = (default_section(args, device, out) if name == "default" else host_section(args, device, out)
-                      if name == "host" else model_section(name, args, device, out))
+                sections = {"default": default_section, "host": host_section, "draft": draft_section}
+                md = (sections[name](args, device, out) if name in sections else model_section(name, args, device, out))
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
                 traceback.print_exc()
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

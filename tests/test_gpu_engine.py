@@ -103,6 +103,23 @@ def test_default_model_speculation_equals_plain_with_graphs(default_gpu, chat_pr
     assert sum(o.num_accepted_tokens for o in outs) > 0, "no draft token was accepted"
     same = sum(a == b for a, b in zip(_ids(outs), plain))
     assert same == N_PROMPTS, f"only {same}/{N_PROMPTS} prompts identical to plain decoding"
+    if draft == "default":  # the head's steps replay graphs too
+        head = _eagle(eng.proposer)
+        assert head.graphs is not None and head.graphs.num_replays > 0, "the EAGLE head ran eagerly"
+
+
+def _eagle(proposer):
+    """The EagleProposer inside a (lookup-first) combination."""
+    from actors.proposers.eagle import EagleProposer
+
+    stack = [proposer]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, EagleProposer):
+            return p
+        stack += [q for q in (getattr(p, "first", None), getattr(p, "second", None), *getattr(p, "proposers", ()))
+                  if q is not None]
+    raise AssertionError(f"no EAGLE proposer in {proposer!r}")
 
 
 def test_tp1_shard_replays_graphs_like_eager(tiny_target_dir):

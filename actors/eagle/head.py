@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actors.model.attention import write_kv
 from actors.model.layers import RotaryEmbedding, apply_rotary
 from kernels.cpu_linear import linear
 
@@ -61,6 +62,8 @@ def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class EagleHead(nn.Module):
+    rope_write_kv = None  # the target's fused RoPE + KV write (kernels.triton_fused), when it runs one
+
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         self.cfg = cfg
@@ -121,6 +124,20 @@ class EagleHead(nn.Module):
         qk = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), cos.to(h.dtype), sin.to(h.dtype))
         q, k = qk.split((nh, nkv), dim=1)
         return q, k, qkv[:, (nh + nkv) * d:].reshape(n, nkv, d)
+
+    def qkv_rope_write(self, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """h [N, H], positions [N], slots [N] -> q [N, nh, d]; the rotated k and v are written at
+        ``slots`` of k_cache/v_cache [blocks, bs, nkv, d] (with the fused kernel a slot < 0 writes nothing)."""
+        if self.rope_write_kv is None:
+            q, k, v = self.qkv_rope(h, positions)
+            write_kv(k_cache, v_cache, k, v, slots)
+            return q
+        c = self.cfg
+        qkv = _linear(self.qkv, _rms(h, self.input_norm, c.rms_norm_eps))
+        cos, sin = self.rotary.cos_sin(positions)
+        return self.rope_write_kv(qkv, cos.to(h.dtype), sin.to(h.dtype), slots, k_cache, v_cache,
+                                  c.num_heads, c.num_kv_heads)
 
     def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """h [N, H] residual input, attn [N, nh * d] -> predicted next feature f̂ [N, H]."""

@@ -162,29 +162,35 @@ class PaddedInputs:
         return self.batch(num_seqs, num_tokens)
 
 
-class CudaGraphRunner:
-    """Captures the model's forward for every bucket of ``bucket_shapes`` and replays it.
-    ``run(chunks)`` -> the final-normed hidden states [N_pad, H] (a static buffer: read or copy it
-    before the next run), or None when the batch fits no bucket (the caller runs it eagerly)."""
+class GraphRunner:
+    """Captures ``forward(batch) -> Tensor`` (a ForwardBatch over the static inputs) for every bucket
+    of ``bucket_shapes`` and replays it. ``run(chunks)`` -> the forward's static output (read or copy
+    it before the next run), or None when the batch fits no bucket (the caller runs it eagerly)."""
 
-    def __init__(self, model: torch.nn.Module, kv_caches: list, block_size: int, max_num_seqs: int,
+    def __init__(self, forward, device: torch.device, num_kv_heads: int, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_tokens: int = MAX_GRAPH_TOKENS, capture: bool = True):
         """capture=False: the same padded inputs run eagerly (CPU tests, debugging)."""
-        self.model, self.kv_caches = model, kv_caches
-        device = kv_caches[0][0].device
+        self.forward = forward
         self.shapes = bucket_shapes(max_num_seqs, max_tokens)
         max_blocks = -(-max_model_len // block_size)
         self.inputs = PaddedInputs(max_num_seqs, max(n for _, n in self.shapes), max_blocks,
-                                   max(TOKENS_PER_SEQ), block_size, model.num_kv_heads_per_rank, device)
+                                   max(TOKENS_PER_SEQ), block_size, num_kv_heads, device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = self.num_eager = 0
         if capture:
             self._capture_all()
 
+    @property
+    def max_tokens(self) -> int:
+        return self.shapes[-1][1] if self.shapes else 0
+
     def bucket(self, chunks) -> tuple[int, int] | None:
         if not self.inputs.fits(chunks):
             return None
         return pick_bucket(self.shapes, len(chunks), sum(len(c.token_ids) for c in chunks))
+
+    def before_replay(self, num_tokens: int) -> None:
+        """Per-step inputs beyond the batch's metadata (a subclass copies them into static buffers)."""
 
     @torch.inference_mode()
     def run(self, chunks) -> torch.Tensor | None:
@@ -192,10 +198,11 @@ class CudaGraphRunner:
         if key is None:
             return None
         batch = self.inputs.fill(chunks, *key)
+        self.before_replay(sum(len(c.token_ids) for c in chunks))
         graph = self.graphs.get(key)
         if graph is None:  # not captured (capture=False): the padded forward, eagerly
             self.num_eager += 1
-            return self.model(batch, self.kv_caches)
+            return self.forward(batch)
         graph[0].replay()
         self.num_replays += 1
         return graph[1]
@@ -223,12 +230,23 @@ class CudaGraphRunner:
             batch = self.inputs.fill(self._dummy(*key), *key)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self.model(batch, self.kv_caches)  # warm-up: compiles the Triton kernels of this shape
+                self.forward(batch)  # warm-up: compiles the Triton kernels of this shape
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                hidden = self.model(batch, self.kv_caches)
-            self.graphs[key] = (graph, hidden)
+                out = self.forward(batch)
+            self.graphs[key] = (graph, out)
         torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs in %.1f s", len(self.graphs), time.perf_counter() - t0)
+        log.info("%s: captured %d CUDA graphs in %.1f s", type(self).__name__, len(self.graphs),
+                 time.perf_counter() - t0)
+
+
+class CudaGraphRunner(GraphRunner):
+    """The target's forward: ``run(chunks)`` -> the final-normed hidden states [N_pad, H]."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list, block_size: int, max_num_seqs: int,
+                 max_model_len: int, max_tokens: int = MAX_GRAPH_TOKENS, capture: bool = True):
+        self.model, self.kv_caches = model, kv_caches
+        super().__init__(lambda batch: model(batch, kv_caches), kv_caches[0][0].device, model.num_kv_heads_per_rank,
+                         block_size, max_num_seqs, max_model_len, max_tokens, capture)

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from actors.model.attention import paged_attention, write_kv
+from actors.model.attention import paged_attention
 from actors.model.batch import to_device
+from actors.model.graph_runner import TOKENS_PER_SEQ
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
-from actors.proposers.head_kv import HeadKVPool
+from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, head_forward
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
@@ -62,7 +63,21 @@ class EagleProposer(Proposer):
         self.states: dict[int, _SeqState] = {}
         self.kv = HeadKVPool(c.num_kv_heads, c.head_dim, self.dtype, self.device)
         self.attend = paged_attention  # the target's attention backend (build_eagle_proposer sets it)
-        self.scale = c.head_dim ** -0.5
+        self.graphs: HeadGraphRunner | None = None  # CUDA graphs of the head's step (use_graphs)
+
+    def use_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Run the head's steps as CUDA graphs (capture=False: their padded inputs, eagerly): a fixed
+        pool for max_num_seqs sequences of max_model_len positions plus a draft's nodes. Needs the
+        Triton backend's attention and fused RoPE + KV write (padded rows write no KV)."""
+        if self.states:
+            raise RuntimeError("use_graphs() before any sequence is observed: it replaces the head's KV pool")
+        if self.head.rope_write_kv is None:
+            raise ValueError("head CUDA graphs need the fused RoPE + KV write of the triton attention backend")
+        entries = max_model_len + max(TOKENS_PER_SEQ)
+        c, bs = self.head.cfg, self.kv.block_size
+        self.kv = HeadKVPool(c.num_kv_heads, c.head_dim, self.dtype, self.device, bs,
+                             num_blocks=max_num_seqs * -(-entries // bs), growable=False)
+        self.graphs = HeadGraphRunner(self.head, self.kv, self.attend, max_num_seqs, entries, capture)
 
     # ---- features from the engine --------------------------------------------------------------
     def observe(self, seq_id: int, start: int, features: torch.Tensor) -> None:
@@ -101,8 +116,7 @@ class EagleProposer(Proposer):
             if not go:
                 return trees
             live, idx, tips = [live[j] for j in go], [idx[j] for j in go], [tips[j] for j in go]
-            toks = to_device([toks[j] for j in go], self.device)
-            feats = self._draft_step(toks, feats[go], [reqs[i] for i in live], idx)
+            feats = self._draft_step([toks[j] for j in go], feats[go], [reqs[i] for i in live], idx)
             idx = [a + 1 for a in idx]
 
     def _ready(self, r: DraftRequest) -> bool:
@@ -121,39 +135,38 @@ class EagleProposer(Proposer):
             feats.append(f)
             pos += range(start, start + len(f))
             sizes.append(len(f))
-        dev = self.device
-        out = self._block(to_device(toks, dev), torch.cat(feats), to_device(pos, dev), reqs, sizes, committed=True)
-        last = to_device(np.cumsum(sizes).tolist(), dev) - 1
+        out = self._block(toks, torch.cat(feats), pos, reqs, sizes, committed=True)
+        last = to_device(np.cumsum(sizes).tolist(), self.device) - 1
         return out[last], [self.states[r.seq_id].fed for r in reqs]
 
-    def _draft_step(self, toks: torch.Tensor, feats: torch.Tensor, reqs: list[DraftRequest],
+    def _draft_step(self, toks: list[int], feats: torch.Tensor, reqs: list[DraftRequest],
                     idx: list[int]) -> torch.Tensor:
         """One speculative entry per sequence at cache index idx (not committed) -> f̂ [B, H]."""
-        pos = to_device([self.states[r.seq_id].base + i for r, i in zip(reqs, idx)], self.device)
+        pos = [self.states[r.seq_id].base + i for r, i in zip(reqs, idx)]
         return self._block(toks, feats, pos, reqs, [1] * len(reqs), committed=False, at=idx)
 
-    def _block(self, toks, feats, pos, reqs, sizes, committed: bool, at: list[int] | None = None,
-               windows: list | None = None):
-        """One head forward over every sequence's new entries: toks [N], feats [N, H], pos [N];
-        sequence j's ``sizes[j]`` entries go at cache indices from its ``fed`` (committed) or
-        ``at[j]``; ``windows[j]`` [n_j, w] bool: which of the last w entries each one sees (None:
-        causal). One attention call for the batch, through the pool's block tables -> f̂ [N, H]."""
-        head, chunks = self.head, []
+    def _block(self, toks: list[int], feats: torch.Tensor, pos: list[int], reqs, sizes, committed: bool,
+               at: list[int] | None = None, windows: list | None = None) -> torch.Tensor:
+        """One head forward over every sequence's new entries, tokens ``toks`` at RoPE positions
+        ``pos`` with feats [N, H]; sequence j's ``sizes[j]`` entries go at cache indices from its
+        ``fed`` (committed) or ``at[j]``; ``windows[j]`` [n_j, w] bool: which of the last w entries
+        each one sees (None: causal). One attention call for the batch, through the pool's block
+        tables, replayed as a CUDA graph where one is captured -> f̂ [N, H]."""
+        chunks, o = [], 0
         for j, (r, n) in enumerate(zip(reqs, sizes)):
             st = self.states[r.seq_id]
             where = st.fed if at is None else at[j]
             table = self.kv.reserve(r.seq_id, where + n)
-            # the batch carries the attention layout only: the head applies its RoPE positions itself
-            chunks.append(SeqChunk([0] * n, [0] * n, self.kv.slots(r.seq_id, where, n), where + n, table,
-                                   None if windows is None else windows[j]))
+            chunks.append(SeqChunk(toks[o: o + n], pos[o: o + n], self.kv.slots(r.seq_id, where, n), where + n,
+                                   table, None if windows is None else windows[j]))
+            o += n
             if committed:
                 st.fed, st.pending = st.fed + n, []
+        out = None if self.graphs is None else self.graphs.run(chunks, feats)
+        if out is not None:
+            return out[:o].clone()  # the graph's static output: this step's rows, kept past the next replay
         batch = build_forward_batch(chunks, self.kv.block_size, self.device)
-        h = head.entry(toks, feats)
-        q, k, v = head.qkv_rope(h, pos)
-        write_kv(self.kv.k, self.kv.v, k, v, batch.slot_mapping)
-        attn = self.attend(q, self.kv.k, self.kv.v, batch, self.scale)  # [N, nh, d]
-        return head.finish(h, attn.reshape(attn.shape[0], -1))
+        return head_forward(self.head, batch, feats, self.kv, self.attend)
 
     def _choose(self, feats, reqs, depth, trees, live, tips) -> list[int]:
         """Add depth+1's nodes under each chain tip; returns the token each chain continues with."""
@@ -266,8 +279,8 @@ class EagleProposer(Proposer):
     def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> torch.Tensor:
         """Head entries for the frontier nodes ``front`` [(request, pool node)] from their parents'
         feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H]."""
-        toks = to_device([pools[j].tokens[c] for j, c in front], self.device)
-        pos = to_device([reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front], self.device)
+        toks = [pools[j].tokens[c] for j, c in front]
+        pos = [reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front]
         order = list(dict.fromkeys(j for j, _ in front))  # front lists each request's nodes together, in order
         sizes, at, windows = [], [], []
         for j in order:
@@ -311,5 +324,10 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     # its 8,192-row LM head takes 0.8 ms in bf16 vs 2.3 ms in fp32 per draft token
     head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
     proposer = EagleProposer(head.attach(target, f"target {model!r}"), tree_width)
-    proposer.attend = next((m.attend for m in target.modules() if hasattr(m, "rope_write_kv")), paged_attention)
+    attn = next((m for m in target.modules() if hasattr(m, "rope_write_kv")), None)
+    if attn is not None:  # the head runs the target's attention backend (and its fused RoPE + KV write)
+        proposer.attend, head.rope_write_kv = attn.attend, attn.rope_write_kv
+    if verifier.graphs is not None:  # the target replays graphs: so does the head
+        inputs = verifier.graphs.inputs
+        proposer.use_graphs(inputs.max_seqs, inputs.max_blocks * inputs.block_size)
     return proposer

@@ -1,5 +1,5 @@
-"""The EAGLE head's KV cache: paged, one pool for every sequence, read through the target's
-attention backends.
+"""The EAGLE head's KV cache (paged, one pool for every sequence, read through the target's
+attention backends), the head's forward over it, and that forward as CUDA graphs.
 
 Each sequence's head entries are a list of cache indices 0, 1, 2, ... (entry i is the head's K/V of
 RoPE position ``base + i``), stored through a block table of this pool exactly as the target's KV
@@ -13,13 +13,18 @@ Speculative entries (draft depths, tree nodes) go after a sequence's committed e
 simply overwritten by the next catch-up: only ``fed`` (the committed count) is state. The pool
 grows by doubling when a reservation does not fit (``growable``; a CUDA-graph caller fixes it).
 
-Host-side bookkeeping only, plus the two cache tensors; no device sync.
+On CUDA (``HeadGraphRunner``) each head step (a catch-up, a draft depth, a tree level) is one
+replay of the graph captured for its bucket: the target's ``GraphRunner`` with the head's forward,
+its static metadata filled from the same SeqChunks, plus a static feature buffer. The pool is then
+fixed: the graphs hold its tensors.
 """
 from __future__ import annotations
 
 import torch
 
 from actors.model.attention import allocate_kv_cache
+from actors.model.batch import ForwardBatch
+from actors.model.graph_runner import MAX_GRAPH_TOKENS, GraphRunner
 
 
 class HeadKVPool:
@@ -61,10 +66,6 @@ class HeadKVPool:
     def release(self, seq_id: int) -> None:
         self.free += reversed(self.tables.pop(seq_id, []))
 
-    def restart(self, seq_id: int) -> None:
-        """The sequence starts over (a gap in its features): keep its blocks, forget nothing else."""
-        self.tables.setdefault(seq_id, [])
-
     def _grow(self, at_least: int) -> None:
         if not self.growable:
             raise RuntimeError(f"head KV pool full: {self.num_blocks} blocks of {self.block_size} in use, "
@@ -75,3 +76,38 @@ class HeadKVPool:
         k[:old], v[:old] = self.k, self.v
         self.k, self.v = k, v
         self.free = list(range(new - 1, old - 1, -1)) + self.free
+
+
+def head_forward(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, attend) -> torch.Tensor:
+    """The head's step over ``batch`` (its input_ids are the tokens x_{t+1}, positions the RoPE
+    positions, slots in ``pool``): feats [N, H] -> f̂ [N, H]. Writes the step's K/V first."""
+    h = head.entry(batch.input_ids, feats)
+    q = head.qkv_rope_write(h, batch.positions, batch.slot_mapping, pool.k, pool.v)  # [N, nh, d]
+    attn = attend(q, pool.k, pool.v, batch, head.cfg.head_dim ** -0.5)
+    return head.finish(h, attn.reshape(attn.shape[0], -1))
+
+
+class HeadGraphRunner(GraphRunner):
+    """The head's step as CUDA graphs: ``run(chunks, feats)`` -> f̂ [N_pad, H] (static), or None."""
+
+    def __init__(self, head, pool: HeadKVPool, attend, max_num_seqs: int, max_entries: int,
+                 capture: bool = True):
+        """max_entries: the most cache indices a sequence uses (its context plus the draft's nodes)."""
+        if pool.growable:
+            raise ValueError("HeadGraphRunner needs a fixed HeadKVPool (growable=False): graphs hold its tensors")
+        c = head.cfg
+        self.feats = torch.zeros(MAX_GRAPH_TOKENS, c.hidden_size, dtype=pool.dtype, device=pool.device)  # [T, H]
+        self._feats_in: torch.Tensor | None = None
+        super().__init__(lambda batch: head_forward(head, batch, self.feats[: batch.num_tokens], pool, attend),
+                         pool.device, c.num_kv_heads, pool.block_size, max_num_seqs, max_entries,
+                         capture=capture)
+
+    def run(self, chunks, feats: torch.Tensor) -> torch.Tensor | None:  # feats [N, H]
+        self._feats_in = feats
+        try:
+            return super().run(chunks)
+        finally:
+            self._feats_in = None
+
+    def before_replay(self, num_tokens: int) -> None:
+        self.feats[:num_tokens].copy_(self._feats_in)

@@ -84,11 +84,11 @@ class BatchScheduler:
         return len(self.running)
 
     def prefill_backlog(self) -> int:
-        """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and the
-        prompts of waiting sequences there is room to admit."""
+        """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and what the
+        waiting sequences there is room to admit have not computed (all of it, unless swapped out)."""
         room = max(0, self.max_num_seqs - len(self.running))
         mid = sum(s.num_uncomputed for s in self.running if s.in_prefill)
-        return mid + sum(s.num_tokens for s in itertools.islice(self.waiting, room))
+        return mid + sum(s.num_uncomputed for s in itertools.islice(self.waiting, room))
 
     def drafts_would_shrink_prefill(self, tokens_per_decode: int) -> bool:
         """Whether this step's token budget is too small for the prefill backlog and

@@ -85,7 +85,9 @@ class LLMEngine:
         self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching, num_host,
                                   self.verifier.host_pool.block_bytes if num_host else 0,
                                   disk.num_blocks if disk is not None else 0)
-        self.swap = self.kv.swap = swap_policy_for(config, num_host, self.verifier)  # None: recompute
+        self.swap = swap_policy_for(config, num_host, self.verifier)  # None: preemption recomputes
+        if self.swap is not None:  # a host tier: the KV service is this in-process one
+            self.kv.swap = self.swap
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
         if proposer is None and spec.enabled:

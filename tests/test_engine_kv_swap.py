@@ -89,6 +89,21 @@ def test_abort_while_swapped_out_leaks_nothing(tiny_target_dir, baseline):
     _assert_no_leak(eng, all_back=False)
 
 
+def test_swap_over_a_disk_tier_spills_cache_entries_not_swapped_blocks(tiny_target_dir, baseline, tmp_path):
+    """A small host tier: swap-outs make room by spilling the host's cache entries to disk (SPILL
+    before the EVICT that refills the slot, executed by the real pools); outputs still match."""
+    eng = tiny_engine(tiny_target_dir, num_kv_blocks=24, kv_offload={
+        "host_blocks": 16, "disk_dir": str(tmp_path / "kv"), "disk_blocks": 64, "preemption": "swap"})
+    try:
+        for _ in range(2):
+            assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS, concurrency=4)] == baseline
+        stats = eng.kv.stats()
+        assert eng.scheduler.preemptions["swap"] > 0 and stats["disk_blocks_evicted"] > 0
+        _assert_no_leak(eng)
+    finally:
+        eng.shutdown()
+
+
 def test_swap_with_ngram_drafts_stays_lossless(tiny_target_dir, baseline):
     eng = _swapping_engine(tiny_target_dir, "swap", draft="ngram")
     assert [o.token_ids for o in eng.generate(PROMPTS, PARAMS, concurrency=4)] == baseline

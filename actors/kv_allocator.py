@@ -28,7 +28,8 @@ a cached block that LRU reuse takes from the free list is written back to the ho
 being dropped (the host tier's own LRU overflow goes to disk), and a lookup that misses on the device
 continues there (verified the same way); lower-tier hits are loaded into fresh device blocks. The
 allocator only decides: each move is a ``BlockCopy`` collected until ``take_copies()``, which the
-tensor owner executes, in order, before the step's forward.
+tensor owner executes, in order, before the step's forward. Swap preemption (actors/kv_swap.py)
+moves a preempted sequence's table to host slots held for it (``swapped``) and back.
 
 Stats: `prefix_queries` and `prefix_hits` count TOKENS (prompt tokens asked by `allocate`, tokens
 served from the cache); `host_hits` and `disk_hits` count the tokens of `prefix_hits` that came from
@@ -36,14 +37,13 @@ the host tier and from disk.
 """
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import ClassVar
 
 from actors.kv_disk_tier import DiskTier
 from actors.kv_host_tier import BlockCopy, HostEntry, HostTier
-from actors.kv_invariants import check_allocator, expect as _expect
+from actors.kv_invariants import check_allocator, check_count as _check_count, expect as _expect
 from actors.kv_tiers import LowerTiers
 
 _ROOT = 0  # chain id of the empty prefix
@@ -86,17 +86,6 @@ class _Seq:
     disk_hit_tokens: int = 0  # ... and from the disk tier
 
 
-def _check_count(name: str, value: object, minimum: int) -> int:
-    """Return value as an int (numpy ints welcome) or raise a ValueError naming it."""
-    try:
-        n = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        n = None
-    if n is None or n < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return n
-
-
 class KVBlockAllocator:
     """Fixed-size KV blocks, one block table per sequence (int seq_id), prefix cache, LRU reuse."""
 
@@ -117,6 +106,7 @@ class KVBlockAllocator:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}  # hash -> block id
         self._seqs: dict[int, _Seq] = {}
+        self.swapped: dict = {}  # seq_id -> actors.kv_swap.SwappedSeq: preempted, its blocks in held host slots
         self._next_chain_id = _ROOT + 1
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -163,7 +153,11 @@ class KVBlockAllocator:
         return self.tiers.take_copies() if self.tiers is not None else []
 
     def has_seq(self, seq_id: int) -> bool:
+        """Whether seq_id has a block table (a swapped-out sequence has none until swapped in)."""
         return seq_id in self._seqs
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return seq_id in self.swapped
 
     def ref_count(self, block: int) -> int:
         return self._blocks[block].ref_count
@@ -322,8 +316,11 @@ class KVBlockAllocator:
 
     # ---- free ----------------------------------------------------------------------------------
     def free(self, seq_id: int) -> None:
-        """Drop seq_id's table (finish, abort, preempt, error); cached blocks stay reusable."""
+        """Drop seq_id's table (finish, abort, preempt, error), or its swapped-out blocks; cached
+        blocks stay reusable."""
         s = self._seqs.pop(seq_id, None)
+        if s is None and seq_id in self.swapped:  # ended while swapped out: its host slots go back
+            return self.tiers.release_held(self.swapped.pop(seq_id).slots)
         if s is None:
             raise KeyError(f"unknown seq_id {seq_id!r}: no block table (never allocated or "
                            "already freed)")

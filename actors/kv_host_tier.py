@@ -13,6 +13,11 @@ a host slot freed by a load may be refilled by a later eviction in the same plan
 the copies in the order they were decided keeps every block's bytes intact. With a disk tier
 (actors/kv_disk_tier.py, actors/kv_tiers.py) two more kinds join the plan: SPILL (a host entry the
 host LRU pushes out goes to disk) and DISK_LOAD (a disk hit goes straight to a device block).
+
+Swap preemption (actors/kv_swap.py) also keeps blocks here: a preempted sequence's blocks go out
+with EVICT moves into slots *held* for it, outside the LRU (never evicted, spilled or dropped while
+the sequence waits), and come back with LOAD moves when it is rescheduled. Held slots count against
+the tier's capacity like entries do.
 """
 from __future__ import annotations
 
@@ -68,6 +73,7 @@ class HostTier:
         self._free_slots: list[int] = list(range(num_slots - 1, -1, -1))
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # hash -> entry, LRU first
         self._pinned: set[int] = set()  # hashes being loaded by the allocate in progress
+        self._held: set[int] = set()  # slots of swapped-out sequences' blocks (not cache entries)
         self.num_evicted = 0  # blocks written here (device -> host)
         self.num_loaded = 0  # blocks read back (host -> device)
         self.num_dropped = 0  # entries pushed out of the host tier (LRU) or superseded
@@ -80,6 +86,25 @@ class HostTier:
     def is_full(self) -> bool:
         return not self._free_slots
 
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def can_hold(self, n: int) -> bool:
+        """Whether n slots can be held now: free ones, plus cache entries the LRU may push out."""
+        return n <= len(self._free_slots) + sum(h not in self._pinned for h in self._entries)
+
+    def hold(self) -> int:
+        """Take a free slot for a swapped-out block (the caller made room first)."""
+        slot = self._free_slots.pop()
+        self._held.add(slot)
+        return slot
+
+    def unhold(self, slot: int) -> None:
+        """Give a held slot back (its block was loaded back, or its sequence ended while swapped)."""
+        self._held.remove(slot)
+        self._free_slots.append(slot)
+
     def get(self, h: int) -> HostEntry | None:
         return self._entries.get(h)
 
@@ -88,7 +113,7 @@ class HostTier:
         holds a block being loaded right now (then the block is simply dropped)."""
         if h in self._entries:  # exclusive tiers make this unreachable; refresh defensively
             self.drop(h)
-        if not self._free_slots and not self._drop_lru():
+        if not self._free_slots and not self.drop_lru():
             return None
         slot = self._free_slots.pop()
         self._entries[h] = self.entry_cls(slot, h, token_ids, chain_id, parent_chain_id)
@@ -126,14 +151,14 @@ class HostTier:
         self._free_slots.append(e.slot)
         return e
 
-    def _drop_lru(self) -> bool:
+    def drop_lru(self) -> bool:
         if self.pop_lru() is None:
             return False
         self.num_dropped += 1
         return True
 
     def check_invariants(self) -> None:
-        used = [e.slot for e in self._entries.values()]
+        used = [e.slot for e in self._entries.values()] + sorted(self._held)
         slots = used + self._free_slots
         if sorted(slots) != list(range(self.num_slots)):
             raise AssertionError(f"{self.label} tier: slots leaked or doubled (used {sorted(used)}, "

@@ -5,9 +5,11 @@ free) for all sequences at once, so a remote allocator costs one call each way p
 allocator actor (one block table serves all TP ranks). The policy lives in ``plan_step``:
 1. running sequences in priority order: a decode root + its draft slots, else a prefill chunk;
    when blocks run out, that sequence's speculation is dropped first, then the lowest-priority
-   running sequence is preempted (recompute) until the step fits;
-2. waiting sequences are admitted (prefix-cache hits counted) while the token budget,
-   ``max_num_seqs`` and free blocks allow — but not in a step that had to preempt.
+   running sequence is preempted until the step fits: swapped out to the host tier or freed to be
+   recomputed, as the service's ``swap`` policy chooses (actors/kv_swap.py; None: recompute);
+2. waiting sequences are admitted (prefix-cache hits counted; a swapped-out one is swapped back
+   in) while the token budget, ``max_num_seqs`` and free blocks allow — but not in a step that had
+   to preempt.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from actors.kv_allocator import KVBlockAllocator
 from actors.kv_host_tier import BlockCopy
+from actors.kv_swap import SwapPolicy, can_swap_in, preempt, swap_in
 
 
 class KVServiceLost(RuntimeError):
@@ -43,12 +46,14 @@ class Grant:
     num_computed: int  # after a prefix-cache hit (admitted sequences)
     num_host_cached: int = 0  # of that hit, tokens loaded from the host tier
     num_disk_cached: int = 0  # ... and from the disk tier
+    swapped_in: bool = False  # a swapped-out sequence resumed: num_computed is its committed KV
 
 
 @dataclass(slots=True)
 class KVPlan:
     granted: list[Grant] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    swapped: list[int] = field(default_factory=list)  # of the preempted, those swapped out (the rest recompute)
     block_tables: dict[int, list[int]] = field(default_factory=dict)
     copies: list[BlockCopy] = field(default_factory=list)  # tier moves to run before the forward
 
@@ -66,7 +71,7 @@ class Settle:
 
 
 def plan_step(alloc: KVBlockAllocator, running: list[KVEntry], waiting: list[KVEntry],
-              max_num_seqs: int, token_budget: int) -> KVPlan:
+              max_num_seqs: int, token_budget: int, swap: SwapPolicy | None = None) -> KVPlan:
     plan = KVPlan()
     live = list(running)
     i = 0
@@ -74,7 +79,7 @@ def plan_step(alloc: KVBlockAllocator, running: list[KVEntry], waiting: list[KVE
         e = live[i]
         want = 1 if e.is_decode else min(e.num_tokens - e.num_computed, token_budget)
         spec = max(0, min(e.spec, token_budget - want)) if e.is_decode else 0
-        granted = _reserve(alloc, live, i, want, spec, plan)
+        granted = _reserve(alloc, live, i, (want, spec), plan, swap)
         if granted is None:
             continue  # e itself was preempted; live[i] is now the next entry
         plan.granted.append(Grant(e.seq_id, want, granted, e.num_computed))
@@ -87,9 +92,11 @@ def plan_step(alloc: KVBlockAllocator, running: list[KVEntry], waiting: list[KVE
     return plan
 
 
-def _reserve(alloc: KVBlockAllocator, live: list[KVEntry], i: int, want: int, spec: int,
-             plan: KVPlan) -> int | None:
-    e = live[i]
+def _reserve(alloc: KVBlockAllocator, live: list[KVEntry], i: int, ask: tuple[int, int], plan: KVPlan,
+             swap: SwapPolicy | None) -> int | None:
+    """Grow live[i]'s table for ``ask`` = (tokens, draft slots), dropping the slots, then preempting
+    from the end of ``live``, until it fits; returns the draft slots granted (None: live[i] preempted)."""
+    e, (want, spec) = live[i], ask
     while True:
         for s in (spec, 0) if spec else (0,):
             need = max(e.num_computed + want + s, alloc.num_tokens(e.seq_id))
@@ -97,7 +104,8 @@ def _reserve(alloc: KVBlockAllocator, live: list[KVEntry], i: int, want: int, sp
                 alloc.append(e.seq_id, need)
                 return s
         victim = live.pop()  # lowest priority
-        alloc.free(victim.seq_id)
+        if preempt(alloc, victim.seq_id, swap):
+            plan.swapped.append(victim.seq_id)
         plan.preempted.append(victim.seq_id)
         if victim is e:
             return None
@@ -106,18 +114,27 @@ def _reserve(alloc: KVBlockAllocator, live: list[KVEntry], i: int, want: int, sp
 def _admit(alloc: KVBlockAllocator, waiting: list[KVEntry], num_running: int, max_num_seqs: int,
            token_budget: int, plan: KVPlan) -> None:
     for e in waiting:
-        if token_budget <= 0 or num_running >= max_num_seqs or not alloc.can_allocate(e.token_ids):
+        if token_budget <= 0 or num_running >= max_num_seqs:
             return
-        cached = alloc.allocate(e.seq_id, e.token_ids)
-        want = min(e.num_tokens - cached, token_budget)
-        plan.granted.append(Grant(e.seq_id, want, 0, cached, alloc.host_hit_tokens(e.seq_id),
-                                  alloc.disk_hit_tokens(e.seq_id)))
-        token_budget -= want
+        if alloc.is_swapped(e.seq_id):
+            if not can_swap_in(alloc, e.seq_id, e.num_tokens):
+                return
+            computed = swap_in(alloc, e.seq_id, e.num_tokens)
+            grant = Grant(e.seq_id, min(e.num_tokens - computed, token_budget), 0, computed, swapped_in=True)
+        elif alloc.can_allocate(e.token_ids):
+            cached = alloc.allocate(e.seq_id, e.token_ids)
+            grant = Grant(e.seq_id, min(e.num_tokens - cached, token_budget), 0, cached,
+                          alloc.host_hit_tokens(e.seq_id), alloc.disk_hit_tokens(e.seq_id))
+        else:
+            return
+        plan.granted.append(grant)
+        token_budget -= grant.num_query
         num_running += 1
 
 
 class KVService:
-    """The allocator behind a batched, per-step API (in-process or a Ray actor)."""
+    """The allocator behind a batched, per-step API (in-process or a Ray actor). ``swap``: how
+    preemption gives blocks back (actors.kv_swap.SwapPolicy; None = recompute), set by the engine."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_host_blocks: int = 0, block_bytes: int = 0, num_disk_blocks: int = 0):
@@ -126,16 +143,17 @@ class KVService:
         self.allocator = KVBlockAllocator(num_blocks, block_size, enable_prefix_caching, num_host_blocks,
                                           num_disk_blocks)
         self.block_bytes = block_bytes
+        self.swap: SwapPolicy | None = None
 
     def plan(self, running: list[KVEntry], waiting: list[KVEntry], max_num_seqs: int,
              token_budget: int) -> KVPlan:
-        return plan_step(self.allocator, running, waiting, max_num_seqs, token_budget)
+        return plan_step(self.allocator, running, waiting, max_num_seqs, token_budget, self.swap)
 
     def settle(self, ops: list[Settle]) -> None:
         alloc = self.allocator
         for op in ops:
             if op.free:
-                if alloc.has_seq(op.seq_id):
+                if alloc.has_seq(op.seq_id) or alloc.is_swapped(op.seq_id):
                     alloc.free(op.seq_id)
                 continue
             alloc.commit(op.seq_id, op.token_ids, op.num_committed)
@@ -159,7 +177,8 @@ class KVService:
 def _host_stats(a: KVBlockAllocator, block_bytes: int) -> dict:
     """Lower tier figures (hits in tokens, moves in blocks and bytes), ``host_*`` and with a disk
     tier ``disk_*``; empty without tiers. Counts of decided moves: the engine executes every move
-    of a plan before its forward (``disk_blocks_evicted``: spilled host -> disk)."""
+    of a plan before its forward (``disk_blocks_evicted``: spilled host -> disk). Host bytes count
+    swap preemption's moves too (``host_blocks_swapped_out/in``; ``host_swapped_blocks``: held now)."""
     out = {}
     for name, t, hits in (("host", a.host, a.host_hits), ("disk", a.disk, a.disk_hits)):
         if t is not None:
@@ -167,4 +186,9 @@ def _host_stats(a: KVBlockAllocator, block_bytes: int) -> dict:
                         f"{name}_hits": hits, f"{name}_blocks_evicted": t.num_evicted,
                         f"{name}_blocks_loaded": t.num_loaded, f"{name}_bytes_out": t.num_evicted * block_bytes,
                         f"{name}_bytes_in": t.num_loaded * block_bytes})
+    if a.tiers is not None:
+        swap_out, swap_in = a.tiers.num_swapped_out, a.tiers.num_swapped_in
+        out.update({"host_swapped_blocks": a.host.num_held, "host_blocks_swapped_out": swap_out,
+                    "host_blocks_swapped_in": swap_in, "host_bytes_out": out["host_bytes_out"] + swap_out * block_bytes,
+                    "host_bytes_in": out["host_bytes_in"] + swap_in * block_bytes})
     return out

@@ -5,7 +5,9 @@ one batched call per step (``plan``) and come back in one (``settle``): in-proce
 ``KVService``, on a cluster the replica's global allocator actor. The policy itself is
 ``actors.kv_service.plan_step``: running sequences first (speculation shrinks, then the newest
 running sequence is preempted by recompute when blocks run out — never an out-of-memory crash),
-then waiting sequences under the token budget and ``max_num_seqs``.
+then waiting sequences under the token budget and ``max_num_seqs``. A preempted sequence is
+swapped out (its KV waits in the host tier and comes back when it is admitted again) or recomputed,
+as the KV service's swap policy chooses (actors/kv_swap.py).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ class ScheduledSeq:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # to recompute (their KV is gone)
+    swapped: list[Sequence] = field(default_factory=list)  # preempted too, their KV in the host tier
     copies: list = field(default_factory=list)  # KV tier moves (actors.kv_host_tier.BlockCopy), run first
 
     @property
@@ -46,7 +49,11 @@ class BatchScheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.block_tables: dict[int, list[int]] = {}  # of the sequences scheduled this step
-        self.num_preemptions = 0
+        self.preemptions = {"swap": 0, "recompute": 0}  # by mode, since the start
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions.values())
 
     # ---- queue management -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -77,11 +84,11 @@ class BatchScheduler:
         return len(self.running)
 
     def prefill_backlog(self) -> int:
-        """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and the
-        prompts of waiting sequences there is room to admit."""
+        """Prompt tokens that could be prefilled now: the rest of prompts mid-prefill, and what the
+        waiting sequences there is room to admit have not computed (all of it, unless swapped out)."""
         room = max(0, self.max_num_seqs - len(self.running))
         mid = sum(s.num_uncomputed for s in self.running if s.in_prefill)
-        return mid + sum(s.num_tokens for s in itertools.islice(self.waiting, room))
+        return mid + sum(s.num_uncomputed for s in itertools.islice(self.waiting, room))
 
     def drafts_would_shrink_prefill(self, tokens_per_decode: int) -> bool:
         """Whether this step's token budget is too small for the prefill backlog and
@@ -101,28 +108,42 @@ class BatchScheduler:
         by_id = {s.seq_id: s for s in self.running}
         by_id.update((s.seq_id, s) for s in self.waiting)
         out = SchedulerOutput()
-        for sid in plan.preempted:
-            seq = by_id[sid]
-            self.running.remove(seq)
-            seq.reset_for_recompute()
-            self.num_preemptions += 1
-            self.waiting.appendleft(seq)
-            out.preempted.append(seq)
+        self._preempt([by_id[sid] for sid in plan.preempted], set(plan.swapped), out)
         for g in plan.granted:
             seq = by_id[g.seq_id]
             if seq.status is SeqStatus.WAITING:
-                self.waiting.remove(seq)
-                seq.num_computed = g.num_computed
-                seq.num_cached_tokens = min(g.num_computed, seq.num_prompt_tokens)
-                seq.num_host_cached_tokens = min(g.num_host_cached, seq.num_cached_tokens)
-                seq.num_disk_cached_tokens = min(g.num_disk_cached, seq.num_cached_tokens - seq.num_host_cached_tokens)
-                seq.status = SeqStatus.RUNNING
-                self.running.append(seq)
+                self._resume(seq, g)
             decode = seq.num_uncomputed == 1 and g.num_query == 1
             out.scheduled.append(ScheduledSeq(seq, g.num_query, g.num_spec, decode))
         self.block_tables = plan.block_tables
         out.copies = plan.copies
         return out
+
+    def _preempt(self, seqs: list[Sequence], swapped: set[int], out: SchedulerOutput) -> None:
+        """``seqs`` leave the running list for the front of the waiting queue, in plan order."""
+        for seq in seqs:
+            self.running.remove(seq)
+            if seq.seq_id in swapped:
+                seq.preempt_by_swap()
+                self.preemptions["swap"] += 1
+                out.swapped.append(seq)
+            else:
+                seq.reset_for_recompute()
+                self.preemptions["recompute"] += 1
+                out.preempted.append(seq)
+            self.waiting.appendleft(seq)
+
+    def _resume(self, seq: Sequence, g) -> None:
+        """Waiting ``seq`` was granted (``g``, an actors.kv_service.Grant): admitted, or swapped in
+        (then it keeps what its first admission hit in the prefix cache)."""
+        self.waiting.remove(seq)
+        seq.num_computed = g.num_computed
+        if not g.swapped_in:
+            seq.num_cached_tokens = min(g.num_computed, seq.num_prompt_tokens)
+            seq.num_host_cached_tokens = min(g.num_host_cached, seq.num_cached_tokens)
+            seq.num_disk_cached_tokens = min(g.num_disk_cached, seq.num_cached_tokens - seq.num_host_cached_tokens)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
 
     def slot(self, seq: Sequence, position: int) -> int:
         table, bs = self.block_tables[seq.seq_id], self.block_size
@@ -147,12 +168,15 @@ class BatchScheduler:
 
     def requeue_all(self) -> list[Sequence]:
         """The KV cache was lost (verifier restart): every running sequence goes back to waiting
-        and recomputes from its committed tokens (nothing lost, nothing duplicated)."""
+        and recomputes from its committed tokens (nothing lost, nothing duplicated); so do the waiting
+        ones swapped out (the host tier is reset too)."""
         moved = list(self.running)
         for seq in reversed(moved):
             self.running.remove(seq)
             seq.reset_for_recompute()
             self.waiting.appendleft(seq)
+        for seq in self.waiting:
+            seq.num_computed = 0
         self.block_tables = {}
         self.kv.reset()
         return moved

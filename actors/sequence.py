@@ -118,6 +118,11 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.num_preemptions += 1
 
+    def preempt_by_swap(self) -> None:
+        """Preemption by swap: the KV waits in the host tier; ``num_computed`` holds when swapped in."""
+        self.status = SeqStatus.WAITING
+        self.num_preemptions += 1
+
 
 def _make_generator(params: SamplingParams) -> torch.Generator | None:
     if params.greedy:

@@ -57,6 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "go to a preallocated file there and are loaded back on a prefix hit (needs --kv-host-gb "
                         "and --kv-disk-gb)")
     p.add_argument("--kv-disk-gb", type=float, default=None, metavar="G", help="size of the disk KV tier in GiB")
+    p.add_argument("--kv-preemption", default="auto", metavar="MODE",
+                   help="a preempted request's KV: swap (to the host tier and back; needs --kv-host-gb), recompute, "
+                        "or auto (default: swap when the host tier has room and copying is measured cheaper)")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
                    help="micro-batches per step so drafter workers overlap verification (with --ray --drafters)")
 
@@ -123,7 +126,8 @@ def engine_config_from_args(args):
         attention_backend=getattr(args, "attention_backend", "auto"),
         enforce_eager=getattr(args, "enforce_eager", False),
         kv_offload={"host_gb": getattr(args, "kv_host_gb", None), "disk_dir": getattr(args, "kv_disk_dir", None),
-                    "disk_gb": getattr(args, "kv_disk_gb", None)},
+                    "disk_gb": getattr(args, "kv_disk_gb", None),
+                    "preemption": getattr(args, "kv_preemption", "auto")},
     )
 
 

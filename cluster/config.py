@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from actors.kv_swap import PREEMPTION_MODES
 from actors.tree import expansion_num_nodes, parse_expansion
 from cluster.spec_guard import FallbackGuardConfig
 from cluster.traffic import TrafficClasses
@@ -143,7 +144,11 @@ class KVOffloadConfig(BaseModel):
     prefix-cache blocks the device pool evicts (0/None = off); ``host_blocks`` sizes it in blocks
     instead (tests). ``disk_dir`` + ``disk_gb`` (or ``disk_blocks``): a disk tier below the host
     tier, in one preallocated file in that directory, which one engine holds at a time; it needs
-    the host tier. Not yet (issue 27): swap preemption, the shared tier across replicas."""
+    the host tier. ``preemption``: how a preempted sequence gives its device blocks back: ``swap``
+    them to the host tier and back (needs the host tier; recompute when it has no room),
+    ``recompute`` its context later, or ``auto``: swap when the host tier has room and the measured
+    copy cost is below the measured prefill cost (actors/kv_swap.py; recompute without a host tier).
+    Not yet (issue 27): the shared tier across replicas."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -152,6 +157,15 @@ class KVOffloadConfig(BaseModel):
     disk_dir: str | None = None
     disk_gb: float | None = Field(None, ge=0)
     disk_blocks: int | None = Field(None, ge=0)
+    preemption: Literal["auto", "swap", "recompute"] = "auto"
+
+    @field_validator("preemption", mode="before")
+    @classmethod
+    def _known_mode(cls, v):
+        if v not in PREEMPTION_MODES:
+            raise ValueError(f"kv_offload.preemption={v!r} is not a preemption mode: use one of "
+                             f"{', '.join(PREEMPTION_MODES)} (--kv-preemption)")
+        return v
 
     @property
     def enabled(self) -> bool:
@@ -172,6 +186,9 @@ class KVOffloadConfig(BaseModel):
         if self.disk_enabled and not self.enabled:
             raise ValueError(f"kv_offload.{size} needs the host tier (host_gb > 0, --kv-host-gb G): the disk "
                              "tier holds what the host tier overflows")
+        if self.preemption == "swap" and not self.enabled:
+            raise ValueError("kv_offload.preemption='swap' needs the host tier (host_gb > 0, --kv-host-gb G): "
+                             "swapped-out blocks wait there; use 'auto' or 'recompute' without it")
         return self
 
 

@@ -29,9 +29,9 @@ from cluster.config import EngineConfig
 from cluster.drafting import DraftPlanner
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
-from cluster.prompts import PromptEncoder
+from cluster.prompts import PromptEncoder, eos_ids
 from cluster.proposers import build_proposer
-from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype
+from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype, swap_policy_for
 from cluster.step_clock import StepClock
 
 log = logging.getLogger("specray.engine")
@@ -85,6 +85,9 @@ class LLMEngine:
         self.kv = kv or KVService(num_blocks, config.block_size, config.enable_prefix_caching, num_host,
                                   self.verifier.host_pool.block_bytes if num_host else 0,
                                   disk.num_blocks if disk is not None else 0)
+        self.swap = swap_policy_for(config, num_host, self.verifier)  # None: preemption recomputes
+        if self.swap is not None:  # a host tier: the KV service is this in-process one
+            self.kv.swap = self.swap
         self.scheduler = BatchScheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                         config.block_size)
         if proposer is None and spec.enabled:
@@ -97,7 +100,7 @@ class LLMEngine:
         if num_host:
             self.metrics.watch_kv_copies(self.verifier.kv_copy_stats)
         self.detok = Detokenizer(self.tokenizer)
-        self.eos_ids = _eos_ids(loaded.config, self.tokenizer)
+        self.eos_ids = eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
         self.num_verifier_restarts = 0
         self.clock = StepClock()  # host seconds per step phase (benchmarks.host_profile)
@@ -188,9 +191,9 @@ class LLMEngine:
             log.warning("KV service lost; re-queueing %d running requests", self.scheduler.num_running)
             self._requeue_all()
             return []
-        for seq in sched.preempted:
+        for seq in sched.preempted:  # swapped ones keep their drafting state: their KV comes back
             self.drafting.release(seq)
-        if sched.copies:  # KV tier moves: evicted blocks out, host hits in, before any forward
+        if sched.copies:  # KV tier moves (evictions, hits, swaps), before any forward
             self.verifier.apply_block_copies(sched.copies)
         self.clock.lap("schedule")
         if not sched.scheduled:
@@ -235,6 +238,8 @@ class LLMEngine:
         if hidden is not None:
             self.drafting.observe_features(part, chunks, trees, computed, hidden)
         verify_s = _now() - t1
+        if self.swap is not None and not any(s.is_decode for s in part):  # what prefill costs
+            self.swap.observe_prefill(sum(s.num_query for s in part), verify_s)
         step = self.drafting.measure(part, trees, computed, (draft_s or 0.0) + verify_s)
         self.metrics.observe_step(draft_s, verify_s, step)
         depth = max((t.max_depth for t in trees.values()), default=0)
@@ -416,14 +421,3 @@ class LLMEngine:
                     final[out.request_id] = out
         self.on_idle()
         return [final[i] for i in ids]
-
-
-def _eos_ids(model_config, tokenizer) -> set[int]:
-    ids = set()
-    for v in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(x) for x in v)
-    return ids
-

@@ -225,6 +225,12 @@ class _EngineStateCollector:
                                 value=queued)
         yield GaugeMetricFamily(P + "engine_up", "1 while the engine's step loop runs",
                                 value=1.0 if self.alive is None or self.alive() else 0.0)
+        preempted = CounterMetricFamily(P + "num_preemptions", "Running requests preempted for KV blocks, by "
+                                        "mode (swap: KV to the host tier and back; recompute)", labels=["mode"])
+        counts = getattr(s, "preemptions", None) or {}
+        for mode in ("swap", "recompute"):
+            preempted.add_metric([mode], counts.get(mode, 0))
+        yield preempted
         rss = resident_bytes()
         if rss is not None:
             yield GaugeMetricFamily(P + "process_resident_memory_bytes", "Resident memory of the engine's process",

@@ -56,3 +56,15 @@ class PromptEncoder:
         if bad:
             raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
                                "logit_bias")
+
+
+def eos_ids(model_config, tokenizer) -> set[int]:
+    """Token ids that end generation: the model config's eos_token_id (an int or a list) and the
+    tokenizer's."""
+    ids = set()
+    for v in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return ids

@@ -6,6 +6,7 @@ import os
 import torch
 
 from actors.kv_disk_pool import DiskTierSpec
+from actors.kv_swap import SwapPolicy
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -90,3 +91,12 @@ def kv_blocks_for(config, model_config, dtype: torch.dtype, max_spec_nodes: int)
     if fits < 16:
         raise ValueError(f"KV pool of {blocks} blocks x {bs} tokens is too small; raise num_kv_blocks/kv_cache_gb")
     return blocks, min(limit, fits)
+
+
+def swap_policy_for(config, num_host: int, verifier) -> SwapPolicy | None:
+    """How preemption gives a sequence's blocks back (``kv_offload.preemption``): a SwapPolicy over
+    the host tier's measured copy costs, or None (recompute: no host tier, or asked for)."""
+    mode = config.kv_offload.preemption
+    if not num_host or mode == "recompute":
+        return None
+    return SwapPolicy(mode, verifier.host_pool.block_bytes, verifier.kv_copy_stats)

@@ -1,7 +1,8 @@
 """How well EAGLE heads draft on the benchmark's own prompts, without running the engine per head.
 
     python -m benchmarks.head_probe [--heads default,/tmp/eagle/head.safetensors] [--sample 48]
-                                    [--work DIR] [--max-tokens 128] [--threads 2] [--temperature T]
+                                    [--prompts bench500,heldout] [--work DIR] [--max-tokens 128]
+                                    [--threads 2] [--temperature T]
 
 The target answers a stratified sample of the prompt set once (greedily, or sampled at
 ``--temperature``; cached under ``--work``, the same response/feature format as
@@ -12,7 +13,9 @@ the head at T (speculative sampling, sum of min(p, q) per depth), per category. 
 offline quality on benchmark-like text; the engine's acceptance on the same answers matches it
 (tests/test_eagle.py pins the proposer to the teacher-forced prediction). Training never sees
 these prompts. Two more groups split the sample by language: ``korean`` (a prompt with Hangul in
-it: 146 of bench500's 500) and ``other``.
+it: 146 of bench500's 500) and ``other``. By default two prompt sets side by side, each group named
+``set:group``: ``bench500`` and ``heldout`` (prompts the target wrote itself, which neither the
+training mix nor bench500 shares: tests/test_prompt_set.py).
 """
 from __future__ import annotations
 
@@ -95,14 +98,38 @@ def head_path(name: str, model: str) -> Path:
     return DEFAULT_HEADS.get(model, Path(f"<no head committed for {model}>")) if name == "default" else Path(name)
 
 
-def main(argv: list[str] | None = None) -> int:
+# name -> file (None: the default set, bench500)
+PROMPT_SETS = {"bench500": None, "heldout": str(Path(__file__).parent / "prompts" / "heldout_magpie.jsonl")}
+
+
+def prepare_set(p, args, prompts: str, work: Path) -> dict[str, list]:
+    """One prompt set's answers (made once under ``work``) grouped by category, language and all."""
     from benchmarks.options import select_prompts
 
+    _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), args.sample, args.seed)
+    marker = work / "temperature"
+    if marker.is_file() and float(marker.read_text()) != args.temperature:
+        p.error(f"--temperature {args.temperature}: {work} holds answers at temperature {marker.read_text()}; "
+                "use another --work")
+    if not list((work / "features").glob("*.pt")):
+        t0 = time.time()
+        work.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(args.temperature))
+        answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads,
+                       temperature=args.temperature)
+        print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
+    return examples_by_category(work, [it.category for it in items], [language_of(it.messages) for it in items],
+                                ["all"] * len(items))
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.head_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--heads", default="default", help="comma-separated head files (`default`: the committed head)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompts", default=None, help="JSONL prompt set (default: bench500)")
-    p.add_argument("--sample", type=int, default=48, help="prompts, stratified by category")
+    p.add_argument("--prompts", default="bench500,heldout",
+                   help="comma-separated JSONL prompt sets, side by side (`bench500`: the benchmark's set; "
+                        "`heldout`: benchmarks/prompts/heldout_magpie.jsonl, which training never sees)")
+    p.add_argument("--sample", type=int, default=48, help="prompts per set, stratified by category")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128, help="longest answer")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -120,23 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(h) for h in paths if not h.is_file()]
     if not paths or missing:
         p.error(f"--heads {args.heads!r}: no such head file {', '.join(missing) or '(none given)'}")
+    sets = [s for s in args.prompts.split(",") if s]
+    bad = [s for s in sets if s not in PROMPT_SETS and not Path(s).is_file()]
+    if not sets or bad:
+        p.error(f"--prompts {args.prompts!r}: {', '.join(bad) or 'none given'} is neither a prompt file nor one of "
+                f"{', '.join(PROMPT_SETS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, items = select_prompts(args.prompts, args.sample, args.seed)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="head-probe-"))
-    marker = work / "temperature"
-    if marker.is_file() and float(marker.read_text()) != args.temperature:
-        p.error(f"--temperature {args.temperature}: {work} holds answers at temperature {marker.read_text()}; "
-                "use another --work")
-    if not list((work / "features").glob("*.pt")):
-        t0 = time.time()
-        work.mkdir(parents=True, exist_ok=True)
-        marker.write_text(str(args.temperature))
-        answer_prompts(args.model, [it.messages for it in items], work, args.max_tokens, args.threads,
-                       temperature=args.temperature)
-        print(f"answers and features for {len(items)} prompts in {time.time() - t0:.0f} s under {work}")
-    groups = examples_by_category(work, [it.category for it in items], [language_of(it.messages) for it in items],
-                                  ["all"] * len(items))
+    groups: dict[str, list] = {}
+    for name in sets:  # each set under its own folder, its groups named "set:group" (one set: "group")
+        label = name if name in PROMPT_SETS else Path(name).stem
+        one = prepare_set(p, args, name, work / label if len(sets) > 1 else work)
+        groups.update({f"{label}:{g}" if len(sets) > 1 else g: exs for g, exs in one.items()})
     return report(paths, groups, args.model, args.json, args.temperature or 1.0)
 
 

@@ -83,3 +83,26 @@ def test_language_groups_follow_hangul_in_any_message():
     assert head_probe.language_of(ko) == "korean"
     assert head_probe.language_of(en) == "other"
     assert head_probe.language_of([{"role": "user", "content": "こんにちは"}]) == "other"  # kana is not Hangul
+
+
+def test_prompt_sets_side_by_side_each_in_its_own_folder(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_prepare(p, args, prompts, work):
+        seen[prompts] = work
+        return {"all": [prompts], "code": [prompts]}
+
+    monkeypatch.setattr(head_probe, "prepare_set", fake_prepare)
+    monkeypatch.setattr(head_probe, "report", lambda paths, groups, *a: seen.setdefault("groups", groups) and 0)
+    assert head_probe.main(["--work", str(tmp_path)]) == 0  # default: bench500 and the held-out set
+    assert seen["bench500"] == tmp_path / "bench500" and seen["heldout"] == tmp_path / "heldout"
+    assert list(seen.pop("groups")) == ["bench500:all", "bench500:code", "heldout:all", "heldout:code"]
+    seen.clear()
+    assert head_probe.main(["--work", str(tmp_path), "--prompts", "heldout"]) == 0  # one set: plain names
+    assert seen["heldout"] == tmp_path and list(seen["groups"]) == ["all", "code"]
+
+
+def test_unknown_prompt_set_is_named(capsys):
+    with pytest.raises(SystemExit):
+        head_probe.main(["--prompts", "bench500,/nonexistent/set.jsonl"])
+    assert "/nonexistent/set.jsonl" in capsys.readouterr().err

@@ -106,7 +106,9 @@ def prepare_set(p, args, prompts: str, work: Path) -> dict[str, list]:
     """One prompt set's answers (made once under ``work``) grouped by category, language and all."""
     from benchmarks.options import select_prompts
 
-    _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), args.sample, args.seed)
+    _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), None, args.seed)
+    if args.sample < len(items):  # a set smaller than --sample is taken whole
+        _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), args.sample, args.seed)
     marker = work / "temperature"
     if marker.is_file() and float(marker.read_text()) != args.temperature:
         p.error(f"--temperature {args.temperature}: {work} holds answers at temperature {marker.read_text()}; "

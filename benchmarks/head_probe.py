@@ -98,17 +98,8 @@ def head_path(name: str, model: str) -> Path:
     return DEFAULT_HEADS.get(model, Path(f"<no head committed for {model}>")) if name == "default" else Path(name)
 
 
-# name -> file (None: the default set, bench500)
-PROMPT_SETS = {"bench500": None, "heldout": str(Path(__file__).parent / "prompts" / "heldout_magpie.jsonl")}
-
-
-def prepare_set(p, args, prompts: str, work: Path) -> dict[str, list]:
+def prepare_set(p, args, items: list, work: Path) -> dict[str, list]:
     """One prompt set's answers (made once under ``work``) grouped by category, language and all."""
-    from benchmarks.options import select_prompts
-
-    _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), None, args.seed)
-    if args.sample < len(items):  # a set smaller than --sample is taken whole
-        _, items = select_prompts(PROMPT_SETS.get(prompts, prompts), args.sample, args.seed)
     marker = work / "temperature"
     if marker.is_file() and float(marker.read_text()) != args.temperature:
         p.error(f"--temperature {args.temperature}: {work} holds answers at temperature {marker.read_text()}; "
@@ -125,6 +116,8 @@ def prepare_set(p, args, prompts: str, work: Path) -> dict[str, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.options import select_prompt_sets
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.head_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--heads", default="default", help="comma-separated head files (`default`: the committed head)")
     p.add_argument("--model", default="smollm2-135m")
@@ -149,18 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(h) for h in paths if not h.is_file()]
     if not paths or missing:
         p.error(f"--heads {args.heads!r}: no such head file {', '.join(missing) or '(none given)'}")
-    sets = [s for s in args.prompts.split(",") if s]
-    bad = [s for s in sets if s not in PROMPT_SETS and not Path(s).is_file()]
-    if not sets or bad:
-        p.error(f"--prompts {args.prompts!r}: {', '.join(bad) or 'none given'} is neither a prompt file nor one of "
-                f"{', '.join(PROMPT_SETS)}")
+    try:
+        sets = select_prompt_sets(args.prompts, args.sample, args.seed)
+    except ValueError as e:
+        p.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="head-probe-"))
     groups: dict[str, list] = {}
-    for name in sets:  # each set under its own folder, its groups named "set:group" (one set: "group")
-        label = name if name in PROMPT_SETS else Path(name).stem
-        one = prepare_set(p, args, name, work / label if len(sets) > 1 else work)
+    for label, _, items in sets:  # each set under its own folder, its groups named "set:group" (one set: "group")
+        one = prepare_set(p, args, items, work / label if len(sets) > 1 else work)
         groups.update({f"{label}:{g}" if len(sets) > 1 else g: exs for g, exs in one.items()})
     return report(paths, groups, args.model, args.json, args.temperature or 1.0)
 

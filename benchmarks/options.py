@@ -103,13 +103,40 @@ def select_prompts(path: str | None, sample: int | None, seed: int) -> tuple[Pat
     return p, (items if sample is None else stratified_sample(items, sample, seed))
 
 
+# named prompt sets for --prompts (None: the default set); `heldout` is the set training never sees
+PROMPT_SETS = {"bench500": None, "heldout": str(Path(__file__).parent / "prompts" / "heldout_magpie.jsonl")}
+
+
+def select_prompt_sets(spec: str | None, sample: int | None, seed: int) -> list[tuple[str, Path, list[BenchPrompt]]]:
+    """``--prompts`` as one or more comma-separated sets (files or names of PROMPT_SETS) -> per set its
+    label, file and stratified sample. Several sets run side by side: one smaller than ``sample`` is
+    then taken whole (alone, a ``sample`` beyond the set is an error)."""
+    names = [s for s in (spec or "").split(",") if s] or [None]
+    bad = [n for n in names if n is not None and n not in PROMPT_SETS and not Path(n).is_file()]
+    if bad:
+        raise ValueError(f"--prompts {spec!r}: {', '.join(bad)} is neither a prompt file nor one of "
+                         f"{', '.join(PROMPT_SETS)}")
+    out = []
+    for name in names:
+        path = PROMPT_SETS.get(name, name) if name else None
+        p, items = select_prompts(path, None if len(names) > 1 else sample, seed)
+        if len(names) > 1 and sample is not None and sample < len(items):
+            p, items = select_prompts(path, sample, seed)
+        out.append((name if name in PROMPT_SETS else p.stem, p, items))
+    labels = [label for label, _, _ in out]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"--prompts {spec!r}: two sets named alike ({', '.join(labels)}); give each set once")
+    return out
+
+
 def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     """Options shared by ``bench`` and ``tune`` (lists stay strings here; see the module doc)."""
     from cluster.config import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="target: alias, local HF dir or .gguf file")
     p.add_argument("--prompts", default=None,
-                   help="JSONL set (default: prompts/bench500.jsonl when present, else prompts/chat20.jsonl)")
+                   help="JSONL set (default: prompts/bench500.jsonl when present, else prompts/chat20.jsonl); "
+                        "several comma-separated (files, `bench500`, `heldout`) run side by side")
     p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="N prompts, stratified by category (deterministic for a --seed)")
     p.add_argument("--seed", type=int, default=0, help="sample choice and per-request sampling seeds")

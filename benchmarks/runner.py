@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.options import (DEFAULT_MAX_K, add_common_args, check_counts, check_tree, engine_options,
                                 parse_float_list, parse_int_list, parse_methods, parse_spec_tokens, sampling_seed,
-                                select_prompts)
+                                select_prompt_sets)
 from benchmarks.results import add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
 
@@ -92,25 +92,32 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--tree-nodes {args.tree_nodes} caps dynamic trees: add --tree-width W with W > 1")
     if tree_nodes and max(tree_nodes) > 64:
         raise ValueError(f"--tree-nodes {args.tree_nodes}: at most 64")
-    prompts_path, prompts = select_prompts(args.prompts, args.sample, args.seed)
+    sets = select_prompt_sets(args.prompts, args.sample, args.seed)
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
     backend, server_methods = _backend(args)
     methods = server_methods or methods
     groups = plan_groups(methods, spec_tokens, tree, adaptive, tree_widths, tree_nodes)
-    rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temperatures, concurrency)]
-    add_speedups(rows)
-    peers = _peers(args, prompts, methods, spec_tokens or [DEFAULT_MAX_K], rows) if args.peers else []
     from benchmarks.report import document, markdown
 
     settings = {"backend": args.url or "in-process", "max_tokens": args.max_tokens or "per prompt",
                 "warmup": args.warmup, "seed": args.seed, "sampling": "unseeded" if args.unseeded else "seeded"}
-    doc = document(rows, prompts_path, prompts, settings, _command(args, methods, prompts_path), peers)
-    md = markdown(doc)
-    if out_dir is not None:
-        _write(out_dir, doc, md, rows)
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json else md)
+    docs = {}
+    for label, prompts_path, prompts in sets:  # several sets: side by side, one section each
+        rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temperatures, concurrency)]
+        add_speedups(rows)
+        peers = _peers(args, prompts, methods, spec_tokens or [DEFAULT_MAX_K], rows) if args.peers else []
+        doc = document(rows, prompts_path, prompts, settings, _command(args, methods, prompts_path), peers)
+        md = markdown(doc) if len(sets) == 1 else f"# Prompt set `{label}`\n\n" + markdown(doc)
+        if out_dir is not None:
+            _write(out_dir if len(sets) == 1 else out_dir / label, doc, md, rows)
+        docs[label] = doc
+        if not args.json:
+            sys.stdout.write(md)
+            sys.stdout.flush()
+    if args.json:
+        sys.stdout.write(json.dumps(next(iter(docs.values())) if len(docs) == 1 else {"sets": docs}, indent=2) + "\n")
     return 0
 
 

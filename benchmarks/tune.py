@@ -13,7 +13,7 @@ import json
 import math
 
 from benchmarks.options import (add_common_args, check_counts, check_method, check_tree, engine_options,
-                                parse_float_list, parse_int_list, sampling_seed, select_prompts)
+                                parse_float_list, parse_int_list, sampling_seed, select_prompt_sets)
 from benchmarks.report import fmt, md_table
 from benchmarks.results import BASELINE, add_speedups, run_row
 from benchmarks.sweep import iter_runs, plan_groups
@@ -85,7 +85,10 @@ def cmd_tune(args) -> int:
         raise ValueError(f"--temperature {args.temperature!r}: tune takes one temperature")
     concurrency = parse_int_list("--concurrency", args.concurrency)
     groups = plan_groups([method], parse_int_list("--spec-tokens", args.spec_tokens), check_tree(args.tree))
-    _, prompts = select_prompts(args.prompts, args.sample, args.seed)
+    sets = select_prompt_sets(args.prompts, args.sample, args.seed)
+    if len(sets) != 1:
+        raise ValueError(f"--prompts {args.prompts!r}: tune takes one prompt set")
+    prompts = sets[0][2]
     backend = EngineBackend(args.model, args.max_tokens, sampling_seed(args), args.warmup, engine_options(args))
     rows = [run_row(r) for r in iter_runs(backend, groups, prompts, temps, concurrency)]
     add_speedups(rows)

@@ -278,6 +278,20 @@ def test_url_bench_streams_with_parallel_clients(capsys, prompts_file, fake_serv
     assert len(measured_peaks) == 16 and measured_peaks.count(1) >= 8 and max(measured_peaks) == 2, measured_peaks
 
 
+def test_url_bench_runs_prompt_sets_side_by_side(capsys, prompts_file, fake_server, tmp_path):
+    other = tmp_path / "other_set.jsonl"
+    other.write_text(prompts_file.read_text())
+    code, out, err = run_cli(capsys, "bench", "--url", fake_server[0], "--prompts", f"{prompts_file},{other}",
+                             "--sample", "2", "--concurrency", "1", "--spec-tokens", "2", "--max-tokens", "4", "--json")
+    assert code == 0, err
+    sets = json.loads(out)["sets"]
+    assert list(sets) == [prompts_file.stem, "other_set"]
+    for doc in sets.values():
+        assert doc["prompts"]["num_prompts"] == 2 and {r["method"] for r in doc["runs"]} == {"none", "fake-spec"}
+    code, _, err = run_cli(capsys, "bench", "--url", fake_server[0], "--prompts", f"{prompts_file},{prompts_file}")
+    assert code == 2 and "two sets named alike" in err
+
+
 def test_url_bench_unseeded_sends_no_seeds(capsys, prompts_file, fake_server):
     url, seen, _ = fake_server
     before = len(seen)

@@ -88,9 +88,10 @@ def test_language_groups_follow_hangul_in_any_message():
 def test_prompt_sets_side_by_side_each_in_its_own_folder(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_prepare(p, args, prompts, work):
-        seen[prompts] = work
-        return {"all": [prompts], "code": [prompts]}
+    def fake_prepare(p, args, items, work):
+        name = "heldout" if len(items) == 24 else "bench500"  # the held-out set has 24 prompts, taken whole
+        seen[name] = work
+        return {"all": items, "code": items}
 
     monkeypatch.setattr(head_probe, "prepare_set", fake_prepare)
     monkeypatch.setattr(head_probe, "report", lambda paths, groups, *a: seen.setdefault("groups", groups) and 0)
@@ -98,7 +99,7 @@ def test_prompt_sets_side_by_side_each_in_its_own_folder(monkeypatch, tmp_path):
     assert seen["bench500"] == tmp_path / "bench500" and seen["heldout"] == tmp_path / "heldout"
     assert list(seen.pop("groups")) == ["bench500:all", "bench500:code", "heldout:all", "heldout:code"]
     seen.clear()
-    assert head_probe.main(["--work", str(tmp_path), "--prompts", "heldout"]) == 0  # one set: plain names
+    assert head_probe.main(["--work", str(tmp_path), "--prompts", "heldout", "--sample", "24"]) == 0  # plain names
     assert seen["heldout"] == tmp_path and list(seen["groups"]) == ["all", "code"]
 
 

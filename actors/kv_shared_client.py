@@ -58,6 +58,7 @@ class SharedKVClient:
         self.kv, self.verifier, self.block_size, self.timeout_s = kv, verifier, block_size, timeout_s
         self.layout = layout
         self._tried: dict[int, Fetched] = {}  # seq_id -> the fetch made for its admission
+        self._tables: dict[int, list[int]] = {}  # this step's prefill chunks: seq_id -> block table
         self._tier_stats: dict = {}
         self._stats_ref = None
         self.stats_ = {"lookups": 0, "hits": 0, "misses": 0, "timeouts": 0, "errors": 0, "blocks_fetched": 0,
@@ -78,8 +79,11 @@ class SharedKVClient:
                 continue
             self._tried[seq.seq_id] = self._fetch_into(alloc, seq.token_ids)
 
-    def after_schedule(self, scheduled) -> None:
-        """Sequences admitted this step: which of their cached tokens the shared tier supplied."""
+    def after_schedule(self, scheduled, block_tables: dict[int, list[int]]) -> None:
+        """Sequences admitted this step: which of their cached tokens the shared tier supplied; the
+        block tables of the prefill chunks, to publish from (a sequence that finishes in this step
+        leaves the scheduler's tables before ``publish``; its blocks are intact until the next plan)."""
+        self._tables = {s.seq.seq_id: block_tables[s.seq.seq_id] for s in scheduled if not s.is_decode}
         for s in scheduled:
             f = self._tried.pop(s.seq.seq_id, None)  # tried while waiting, so admitted in this step
             if f is not None:
@@ -89,20 +93,21 @@ class SharedKVClient:
                     seq.num_host_cached_tokens = min(f.host_tokens, seq.num_cached_tokens)
                     seq.num_disk_cached_tokens = min(f.disk_tokens, seq.num_cached_tokens - seq.num_host_cached_tokens)
 
-    def publish(self, scheduled, block_tables: dict[int, list[int]]) -> None:
+    def publish(self, scheduled) -> None:
         """After the step's commit: publish the prompt blocks its prefill chunks completed."""
+        tables, self._tables = self._tables, {}
         tier = self._handle()
         if tier is None:
             return
         bs = self.block_size
         for s in scheduled:
             seq = s.seq
-            if s.is_decode or seq.error is not None or seq.seq_id not in block_tables:
+            if s.is_decode or seq.error is not None or seq.seq_id not in tables:
                 continue
             end = min(seq.num_computed, seq.num_prompt_tokens) // bs
             start = (seq.num_computed - s.num_query) // bs
             if end > start:
-                self._publish(tier, seq.token_ids[:end * bs], start, block_tables[seq.seq_id][start:end])
+                self._publish(tier, seq.token_ids[:end * bs], start, tables[seq.seq_id][start:end])
 
     # ---- fetch ---------------------------------------------------------------------------------
     def _fetch_into(self, alloc, token_ids: list[int]) -> Fetched:
@@ -147,6 +152,11 @@ class SharedKVClient:
             self.stats_["errors"] += 1
             log.warning("shared KV tier lookup failed (%s: %s); recomputing", type(e).__name__, e)
             blocks = []
+        if any(b.nbytes != self._block_bytes() for b in blocks):  # a layout the key should have kept apart
+            self.stats_["errors"] += 1
+            log.warning("shared KV tier sent blocks of %s bytes, expected %d; recomputing",
+                        sorted({b.nbytes for b in blocks}), self._block_bytes())
+            blocks = []
         if blocks:
             self.stats_["hits"] += 1
             self.stats_["blocks_fetched"] += len(blocks)
@@ -166,6 +176,10 @@ class SharedKVClient:
             return ray.get(refs, timeout=max(0.0, deadline - monotonic())) if refs else []
         except ray.exceptions.GetTimeoutError as e:
             raise TimeoutError(str(e)) from None
+
+    def _block_bytes(self) -> int:
+        caches = self.verifier.kv_caches
+        return 2 * len(caches) * caches[0][0][0].numel() * caches[0][0].element_size()
 
     def _write(self, block_ids: list[int], blocks: list[np.ndarray]) -> None:
         """blocks[i]: one block's K/V as bytes, [2 * layers, bs, kvh, d] of the cache dtype."""

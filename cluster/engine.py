@@ -203,7 +203,7 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         if self.shared_kv is not None:
-            self.shared_kv.after_schedule(sched.scheduled)
+            self.shared_kv.after_schedule(sched.scheduled, self.scheduler.block_tables)
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
         if self.overlap is not None:  # drafts of one micro-batch overlap verification of another
             done = self.overlap.verify_in_flight(sched.scheduled)
@@ -214,7 +214,7 @@ class LLMEngine:
         if not done:  # the verifier was restarted and every running request re-queued
             return []
         if self.shared_kv is not None:  # write-through: the prompt blocks this step computed
-            self.shared_kv.publish(sched.scheduled, self.scheduler.block_tables)
+            self.shared_kv.publish(sched.scheduled)
         outs = [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
         self.clock.lap("emit")

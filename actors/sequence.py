@@ -57,7 +57,7 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
         "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs",
-        "num_cached_tokens", "num_host_cached_tokens", "num_disk_cached_tokens",
+        "num_cached_tokens", "num_host_cached_tokens", "num_disk_cached_tokens", "num_shared_cached_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
@@ -79,6 +79,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (last admission)
         self.num_host_cached_tokens = 0  # of those, loaded from the host KV tier
         self.num_disk_cached_tokens = 0  # ... and from the disk KV tier
+        self.num_shared_cached_tokens = 0  # ... and fetched from the shared tier across replicas
         self.error: str | None = None
         # one actors.logprobs.TokenLogprob per output token when params.logprobs is set, else None
         self.logprobs: list | None = None if params.logprobs is None else []

@@ -57,6 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "go to a preallocated file there and are loaded back on a prefix hit (needs --kv-host-gb "
                         "and --kv-disk-gb)")
     p.add_argument("--kv-disk-gb", type=float, default=None, metavar="G", help="size of the disk KV tier in GiB")
+    p.add_argument("--kv-tier-gb", type=float, default=None, metavar="G",
+                   help="shared KV tier of G GiB across replicas (a Ray actor over the object store): prompt blocks "
+                        "one replica computes are fetched by the others instead of recomputed (default: off)")
     p.add_argument("--kv-preemption", default="auto", metavar="MODE",
                    help="a preempted request's KV: swap (to the host tier and back; needs --kv-host-gb), recompute, "
                         "or auto (default: swap when the host tier has room and copying is measured cheaper)")
@@ -128,7 +131,13 @@ def engine_config_from_args(args):
         kv_offload={"host_gb": getattr(args, "kv_host_gb", None), "disk_dir": getattr(args, "kv_disk_dir", None),
                     "disk_gb": getattr(args, "kv_disk_gb", None),
                     "preemption": getattr(args, "kv_preemption", "auto")},
+        kv_tier=_kv_tier_from_args(args),
     )
+
+
+def _kv_tier_from_args(args) -> dict:
+    gb = getattr(args, "kv_tier_gb", None)
+    return {} if gb is None or gb == 0 else {"enabled": True, "capacity_gb": gb}  # 0: off, < 0: named error
 
 
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "stop")  # --max-tokens: the default of each prompt

@@ -148,7 +148,7 @@ class KVOffloadConfig(BaseModel):
     them to the host tier and back (needs the host tier; recompute when it has no room),
     ``recompute`` its context later, or ``auto``: swap when the host tier has room and the measured
     copy cost is below the measured prefill cost (actors/kv_swap.py; recompute without a host tier).
-    Not yet (issue 27): the shared tier across replicas."""
+    The shared tier across replicas is ``EngineConfig.kv_tier`` (KVTierConfig)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -192,6 +192,40 @@ class KVOffloadConfig(BaseModel):
         return self
 
 
+class KVTierConfig(BaseModel):
+    """The shared KV tier across replicas (actors/kv_shared_tier.py): a named Ray actor holding
+    prefix-cache blocks in the object store, ``capacity_gb`` of them (LRU). Replicas publish the
+    prompt blocks they compute and fetch on a local miss; a fetch slower than ``fetch_timeout_ms``
+    counts as a miss (recompute). ``name``: the actor's name (Serve: one per application, derived
+    from the application's name when unset). ``owner``: ``engine``: the engine creates the actor if
+    absent (in-process use; it lives as long as the engine's process); ``application``: the Serve
+    application's tier host owns it and replicas only look it up (set by the app builder)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    capacity_gb: float = 4.0
+    fetch_timeout_ms: float = 100.0
+    name: str | None = None
+    owner: Literal["engine", "application"] = "engine"
+
+    @model_validator(mode="after")
+    def _check_values(self) -> KVTierConfig:
+        if self.capacity_gb <= 0:
+            raise ValueError(f"kv_tier.capacity_gb={self.capacity_gb} must be > 0: the shared tier's size in GiB "
+                             "(--kv-tier-gb G; leave kv_tier.enabled false to turn it off)")
+        if self.fetch_timeout_ms <= 0:
+            raise ValueError(f"kv_tier.fetch_timeout_ms={self.fetch_timeout_ms} must be > 0: how long a step may "
+                             "wait for the shared tier before recomputing")
+        if self.name is not None and not self.name.strip():
+            raise ValueError(f"kv_tier.name={self.name!r} is empty: name the tier's actor, or leave it unset")
+        return self
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.capacity_gb * 2**30)
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -216,3 +250,4 @@ class EngineConfig(BaseModel):
     # another (needs remote drafters). Measured 0.83x on the 2-core CPU, hence off by default.
     draft_overlap_micro_batches: int = Field(1, ge=1, le=8)
     kv_offload: KVOffloadConfig = Field(default_factory=KVOffloadConfig)
+    kv_tier: KVTierConfig = Field(default_factory=KVTierConfig)

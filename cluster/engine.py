@@ -32,6 +32,7 @@ from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
 from cluster.proposers import build_proposer
 from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype, swap_policy_for
+from cluster.shared_kv import attach_shared_kv
 from cluster.step_clock import StepClock
 
 log = logging.getLogger("specray.engine")
@@ -99,6 +100,7 @@ class LLMEngine:
         self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth, self.drafting.guard)
         if num_host:
             self.metrics.watch_kv_copies(self.verifier.kv_copy_stats)
+        self.shared_kv = attach_shared_kv(self) if config.kv_tier.enabled else None  # across replicas
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = eos_ids(loaded.config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
@@ -185,6 +187,8 @@ class LLMEngine:
         """schedule -> draft -> one target forward -> verify -> commit -> emit the sequences that moved."""
         self.clock.start()
         self.drafting.begin_step()
+        if self.shared_kv is not None:  # local misses of the sequences about to be admitted, fetched
+            self.shared_kv.before_schedule(self.scheduler.waiting, self.config.max_num_seqs - self.scheduler.num_running)
         try:
             sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
         except KVServiceLost:  # a fresh, empty KV service: every running request recomputes
@@ -198,6 +202,8 @@ class LLMEngine:
         self.clock.lap("schedule")
         if not sched.scheduled:
             return []
+        if self.shared_kv is not None:
+            self.shared_kv.after_schedule(sched.scheduled, self.scheduler.block_tables)
         prev = {s.seq.seq_id: s.seq.num_output_tokens for s in sched.scheduled}
         if self.overlap is not None:  # drafts of one micro-batch overlap verification of another
             done = self.overlap.verify_in_flight(sched.scheduled)
@@ -207,6 +213,8 @@ class LLMEngine:
             done = self.verify_part(sched.scheduled, trees, draft_s)
         if not done:  # the verifier was restarted and every running request re-queued
             return []
+        if self.shared_kv is not None:  # write-through: the prompt blocks this step computed
+            self.shared_kv.publish(sched.scheduled)
         outs = [self._emit(s.seq, prev[s.seq.seq_id]) for s in sched.scheduled
                 if s.seq.num_output_tokens > prev[s.seq.seq_id] or s.seq.is_finished]
         self.clock.lap("emit")

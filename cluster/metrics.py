@@ -70,7 +70,8 @@ P = "specray:"
 FINISH_REASONS = ("stop", "length", "abort", "error")
 KV_USED, KV_TOTAL, KV_USAGE = P + "kv_blocks_used", P + "kv_blocks_total", P + "kv_cache_usage_perc"
 SPEEDUP = P + "spec_decode_estimated_speedup"
-MEAN_GAUGES = (SPEEDUP,)  # merged as the mean over the replicas that report them (ratios do not sum)
+# merged as the mean over the replicas that report them (ratios, and the one shared tier's figures, do not sum)
+MEAN_GAUGES = (SPEEDUP, P + "kv_shared_tier_capacity_bytes", P + "kv_shared_tier_bytes", P + "kv_shared_tier_blocks")
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -31,6 +31,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (device, host or disk tier)
     num_host_cached_tokens: int = 0  # of those, loaded from the host KV tier
     num_disk_cached_tokens: int = 0  # ... and from the disk KV tier (the rest: found on the device)
+    num_shared_cached_tokens: int = 0  # ... and fetched from the shared KV tier across replicas
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -94,4 +95,5 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         num_cached_tokens=seq.num_cached_tokens,
         num_host_cached_tokens=seq.num_host_cached_tokens,
         num_disk_cached_tokens=seq.num_disk_cached_tokens,
+        num_shared_cached_tokens=seq.num_shared_cached_tokens,
     )

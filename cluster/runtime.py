@@ -7,6 +7,7 @@ import torch
 
 from actors.kv_disk_pool import DiskTierSpec
 from actors.kv_swap import SwapPolicy
+from cluster.shared_kv import check_shared_tier
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +31,9 @@ def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
 def kv_tiers_for(config, model_config, dtype: torch.dtype, remote_verifier: bool,
                  remote_kv: bool) -> tuple[int, DiskTierSpec | None]:
     """(host tier blocks, disk tier or None); tiers need the in-process KV service, and the disk tier
-    the in-process verifier (checked before anything, the disk dir's lock included, is taken)."""
+    the in-process verifier (checked before anything, the disk dir's lock included, is taken), and so
+    does the shared tier across replicas."""
+    check_shared_tier(config, remote_verifier, remote_kv)
     num_host, disk = host_blocks_for(config, model_config, dtype), disk_tier_for(config, model_config, dtype)
     if num_host and remote_kv:
         raise ValueError("kv_offload needs the in-process KV service; a remote one has no host tier yet")

@@ -129,7 +129,9 @@ class OpenAIIngress(GrpcGenerationMixin):
     or, with tensor_parallel_size > 1 / drafters, the step loop over verifier-shard and drafter
     actors (deployments/engine_factory.py)."""
 
-    def __init__(self, args: dict):
+    def __init__(self, args: dict, kv_tier=None):
+        """kv_tier: the application's SharedKVTierHost (bound so that Serve starts it with the app;
+        the engine finds the tier actor by name)."""
         from deployments.engine_factory import build_engine
 
         sargs = ServeArgs.model_validate(args)
@@ -137,7 +139,8 @@ class OpenAIIngress(GrpcGenerationMixin):
         if sargs.api_key_env and api_key is None:
             raise ValueError(f"api_key_env={sargs.api_key_env!r}: that environment variable is not set on the "
                              f"replica; set it there (e.g. runtime_env env_vars) or leave api_key_env out")
-        engine, self._stop_actors = build_engine(sargs, serve.get_replica_context().replica_id.unique_id)
+        ctx = serve.get_replica_context()
+        engine, self._stop_actors = build_engine(sargs, ctx.replica_id.unique_id, ctx.app_name)
         admission = Admission(sargs.max_ongoing_requests, sargs.max_queued_requests, sargs.retry_after_s,
                               sargs.queue_timeout_s)
         self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,
@@ -234,7 +237,13 @@ def build_app(args: ServeArgs) -> serve.Application:
     if not isinstance(args, ServeArgs):
         raise TypeError(f"build_app takes ServeArgs, got {type(args).__name__}; wrap an engine config as "
                         f"ServeArgs(engine=config)")
-    return OpenAIIngress.options(**deployment_options(args)).bind(args.model_dump(mode="json"))
+    tier = args.effective_kv_tier
+    host = None
+    if tier.enabled:  # one shared KV tier per application, owned by its host deployment
+        from deployments.kv_tier import SharedKVTierHost
+
+        host = SharedKVTierHost.bind(tier.capacity_bytes, args.engine.block_size, tier.name)
+    return OpenAIIngress.options(**deployment_options(args)).bind(args.model_dump(mode="json"), host)
 
 
 def app_builder(args: dict) -> serve.Application:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cluster.config import EngineConfig
+from cluster.config import EngineConfig, KVTierConfig
 
 
 class AutoscalingArgs(BaseModel):
@@ -67,6 +67,10 @@ class ServeArgs(BaseModel):
     graceful_shutdown_timeout_s: float = Field(30.0, ge=0, description="in-flight streams finish within this")
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
+    # The shared KV tier across this application's replicas (cluster.config.KVTierConfig): started
+    # by the app builder (deployments/kv_tier.py), one per application; engine.kv_tier is the same
+    # setting for one engine (`specray serve --kv-tier-gb`), give one or the other.
+    kv_tier: KVTierConfig = Field(default_factory=KVTierConfig)
 
     @property
     def uses_ray_actors(self) -> bool:
@@ -87,6 +91,22 @@ class ServeArgs(BaseModel):
             raise ValueError(f"num_gpus={self.num_gpus} with tensor_parallel_size={self.tensor_parallel_size}/"
                              f"drafters={self.drafters}: the verifier ranks hold the GPUs, leave num_gpus at 0")
         return self
+
+    @model_validator(mode="after")
+    def _check_kv_tier(self):
+        if self.kv_tier.enabled and self.engine.kv_tier.enabled:
+            raise ValueError("kv_tier is set twice (kv_tier and engine.kv_tier): give it once, as kv_tier")
+        tier = self.effective_kv_tier
+        if tier.enabled and self.uses_ray_actors:
+            raise ValueError(f"kv_tier.enabled=true with tensor_parallel_size={self.tensor_parallel_size}/"
+                             f"drafters={self.drafters}: the shared tier copies blocks in and out of the replica's "
+                             "own KV cache; use tensor_parallel_size 1 and drafters 0, or turn kv_tier off")
+        return self
+
+    @property
+    def effective_kv_tier(self) -> KVTierConfig:
+        """The application's shared tier: ``kv_tier``, else ``engine.kv_tier``."""
+        return self.kv_tier if self.kv_tier.enabled else self.engine.kv_tier
 
     @property
     def min_replicas(self) -> int:

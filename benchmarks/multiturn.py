@@ -244,7 +244,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--conversations", type=int, default=32)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--doc-tokens", default="1000,2000", metavar="LO,HI", help="document length per conversation")
-    ap.add_argument("--max-tokens", type=int, default=32, help="answer tokens per turn (greedy)")
+    ap.add_argument("--max-tokens", type=int, default=16, help="answer tokens per turn (greedy)")
     ap.add_argument("--concurrency", type=int, default=4, help="multi-turn requests in flight")
     ap.add_argument("--device-blocks", type=int, default=None, help="device KV pool of the multi-turn runs "
                     "(default: room for --concurrency of the longest conversations)")

@@ -340,6 +340,8 @@ def run_all(args, factory: EngineFactory, tokenizer) -> dict:
     bs = factory.block_size
     doc = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m benchmarks.multiturn " + " ".join(
         sys.argv[1:] if args.argv is None else args.argv), "machine": machine_info()}
+    # machine_info reads the process's default; every engine sets torch to --threads (or all cores)
+    doc["machine"]["torch_threads"] = args.threads or doc["machine"]["torch_threads"]
     if "multiturn" in args.part_list:
         convs = build_workload(tokenizer, args.conversations, args.turns, args.doc_range, args.seed)
         size = multiturn_sizes(convs, args.max_tokens, args.concurrency, bs)

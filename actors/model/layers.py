@@ -416,6 +416,7 @@ class SwiGLUMLP(nn.Module):
         gate_up = self.gate_up_proj(x)
         if self.fused_act is not None:
             return self.down_proj(self.fused_act(gate_up))
-        half = gate_up.shape[-1] // 2
-        gate, up = gate_up[..., :half], gate_up[..., half:]  # two slices: 4 ops, chunk is 7
+        n, half = gate_up.shape[0], gate_up.shape[-1] // 2  # gate_up [N, 2I] contiguous: as_strided is 1 op, a slice 2
+        gate = gate_up.as_strided((n, half), (gate_up.stride(0), 1))
+        up = gate_up.as_strided((n, half), (gate_up.stride(0), 1), gate_up.storage_offset() + half)
         return self.down_proj(F.silu(gate).mul_(up))

@@ -63,10 +63,13 @@ class LlamaAttention(nn.Module):
             sin = signed_sin[:, :, 1].contiguous()
             q = self.rope_write_kv(qkv, cos, sin, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
-        qkv = qkv.view(n, h + 2 * kvh, 2, d // 2)  # [N, heads, halves, d / 2]
-        qk = apply_rotary_halves(qkv[:, : h + kvh], *rope).view(n, h + kvh, d)  # q and k rotated together
-        q, k = qk.split((h, kvh), dim=1)
-        v = qkv[:, h + kvh:].view(n, kvh, d)
+        # views by as_strided: one op each, where view + slice/split take 2-4 (qkv [N, (h + 2 kvh) d] is contiguous)
+        row = qkv.stride(0)
+        halves = qkv.as_strided((n, h + kvh, 2, d // 2), (row, d, d // 2, 1))  # q and k: [N, heads, halves, d / 2]
+        qk = apply_rotary_halves(halves, *rope)  # q and k rotated together: new [N, h + kvh, 2, d / 2]
+        q = qk.as_strided((n, h, d), (qk.stride(0), d, 1))
+        k = qk.as_strided((n, kvh, d), (qk.stride(0), d, 1), qk.storage_offset() + h * d)
+        v = qkv.as_strided((n, kvh, d), (row, d, 1), qkv.storage_offset() + (h + kvh) * d)
         write_kv(kv_cache[0], kv_cache[1], k, v, batch.slot_mapping)
         out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
         return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))

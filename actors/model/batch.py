@@ -13,15 +13,27 @@ One forward runs N tokens from B sequences. Sequence b owns the query tokens
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
+
+
+def host_int64(values: Iterable[int]) -> torch.Tensor:
+    """int64 [len(values)] on the CPU over an ``array('q')`` of the values: no dispatcher op (torch.tensor
+    is four: empty, to, lift_fresh, detach_). The tensor owns the array (a reference)."""
+    buf = array("q", values)
+    return torch.frombuffer(buf, dtype=torch.int64) if len(buf) else torch.empty(0, dtype=torch.int64)
 
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
     ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
-    t = torch.tensor(values, dtype=torch.int64)
+    try:
+        t = host_int64(values)
+    except TypeError:  # not plain integers (e.g. floats): torch.tensor's own conversion and errors
+        t = torch.tensor(values, dtype=torch.int64)
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
@@ -53,7 +65,7 @@ class ForwardBatch:
         Both rows compute the same bits, so writing the slot twice stores the same K/V."""
         if self.num_tokens != 1:
             raise ValueError(f"doubled() is for a one-token batch; this one has {self.num_tokens} tokens")
-        qsl = torch.arange(3, dtype=self.query_start_loc.dtype, device=self.query_start_loc.device)
+        qsl = _doubled_qsl(self.query_start_loc)
         return ForwardBatch(self.input_ids.expand(2), self.positions.expand(2), self.slot_mapping.expand(2), qsl,
                             self.kv_lens.expand(2), self.block_tables.expand(2, -1), self.block_size,
                             self.window_masks * 2)
@@ -74,3 +86,15 @@ class ForwardBatch:
             block_size=block_size,
             window_masks=[None],
         )
+
+
+_DOUBLED_QSL: dict = {}
+
+
+def _doubled_qsl(like: torch.Tensor) -> torch.Tensor:
+    """[0, 1, 2] of ``like``'s dtype and device, made once (read only: an arange per step is 3 ops)."""
+    key = (like.dtype, like.device)
+    qsl = _DOUBLED_QSL.get(key)
+    if qsl is None:
+        qsl = _DOUBLED_QSL[key] = torch.arange(3, dtype=like.dtype, device=like.device)
+    return qsl

@@ -208,6 +208,7 @@ class RotaryEmbedding(nn.Module):
         self.dtype = dtype or torch.get_default_dtype()
         self.dynamic = self.scaling is not None and self.scaling["rope_type"] == "dynamic"
         self._cos, self._sin = self._table(max_position, None)
+        self._halves = None  # (the _cos it was made from, [len, 3, head_dim // 2]: cos, -sin, sin)
 
     def _table(self, length: int, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         inv, attn = rope_inv_freq(self.head_dim, self.base, self.scaling, seq_len)
@@ -217,6 +218,7 @@ class RotaryEmbedding(nn.Module):
     def _apply(self, fn, recurse=True):  # keep the cache on the module's device/dtype
         super()._apply(fn, recurse)
         self._cos, self._sin = fn(self._cos), fn(self._sin)
+        self._halves = None
         self.dtype = self._cos.dtype
         return self
 
@@ -227,6 +229,25 @@ class RotaryEmbedding(nn.Module):
             if top > self._cos.shape[0] or (self.dynamic and top > self.max_position):
                 return self._fresh(positions, top)
         return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+
+    def halves_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rotary_halves_tables(*self.cos_sin(positions))`` in 3 ops instead of about 20: one lookup of
+        positions [N] in a table of rows (cos, -sin, sin) made once, then two strided views of it."""
+        table = self._halves[1] if self._halves is not None and self._halves[0] is self._cos else None
+        if table is None:
+            table = torch.stack((self._cos, -self._sin, self._sin), dim=1)  # [len, 3, d / 2]
+            self._halves = (self._cos, table)
+        if positions.device.type == "cpu":
+            try:  # beyond the table (or, dynamic, beyond max_position: its table's length): aten::index raises
+                rows = table[positions]
+            except IndexError:
+                return rotary_halves_tables(*self.cos_sin(positions))
+        else:
+            rows = table[positions]
+        n, half = rows.shape[0], rows.shape[-1]
+        cos = rows.as_strided((n, 1, 1, half), (3 * half, half, half, 1), rows.storage_offset())
+        signed_sin = rows.as_strided((n, 1, 2, half), (3 * half, half, half, 1), rows.storage_offset() + half)
+        return cos, signed_sin
 
     def _fresh(self, positions: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.dynamic:  # NTK base depends on the longest sequence of this forward (as in transformers)
@@ -398,7 +419,7 @@ class ParallelLMHead(VocabParallelEmbedding):
                 return None
         if local.shape[-1] != self.num_embeddings:
             local = local[..., : self.num_embeddings]
-        return local.float()
+        return local if local.dtype is torch.float32 else local.float()  # .float() is an op even when a no-op
 
 
 class SwiGLUMLP(nn.Module):

@@ -25,7 +25,6 @@ from actors.model.layers import (
     TPContext,
     VocabParallelEmbedding,
     apply_rotary_halves,
-    rotary_halves_tables,
 )
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
@@ -60,7 +59,9 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
         if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
             cos, signed_sin = rope  # the kernel takes +sin [N, d / 2] rows of cos's stride: the signed table's second half
-            sin = signed_sin[:, :, 1].contiguous()
+            sin = signed_sin[:, :, 1]  # halves_tables' views of one [N, 3, d / 2] lookup share the row stride
+            if sin.stride(0) != cos.stride(0):
+                cos, sin = cos.contiguous(), sin.contiguous()
             q = self.rope_write_kv(qkv, cos, sin, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
         # views by as_strided: one op each, where view + slice/split take 2-4 (qkv [N, (h + 2 kvh) d] is contiguous)
@@ -121,7 +122,7 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) < n:
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
         x = self.embed_tokens(batch.input_ids)  # [N, H]
-        rope = rotary_halves_tables(*self.rotary.cos_sin(batch.positions))  # once per forward
+        rope = self.rotary.halves_tables(batch.positions)  # once per forward
         lone = batch.num_tokens == 1 and x.device.type == "cpu"
         if lone:  # oneDNN's products: two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
             batch, x = batch.doubled(), x.expand(2, -1)

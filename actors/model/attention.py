@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -75,6 +76,7 @@ class AttnMeta:
     folded: dict  # (group size, dtype) -> additive mask [B, 1, g * max_q, max_kv]
     causal: bool = False  # every sequence is a prompt from position 0 (q_len == kv_len): no mask needed
     gathered: dict = field(default_factory=dict)  # (kvh, d, dtype, device) -> the K/V gather buffers and their views
+    host_mask: np.ndarray | None = None  # ``mask`` on the host, when it was built there
 
 
 GROUP_SLACK = 4096  # cost units a group may waste beyond half its real work (about one call's overhead)
@@ -105,64 +107,82 @@ def group_sequences(q_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
     return groups + ([sorted(cur)] if cur else [])
 
 
+def _host_meta(batch: ForwardBatch) -> tuple[list[int], list[int], np.ndarray]:
+    """(query_start_loc, kv_lens, block tables [B, max_blocks]) on the host: the batch's HostMeta, else read back."""
+    if batch.host is not None:
+        return batch.host.query_start_loc, batch.host.kv_lens, batch.host.block_tables
+    return batch.query_start_loc.tolist(), batch.kv_lens.tolist(), batch.block_tables.cpu().numpy()
+
+
+def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor on ``device``: over the array's memory on CPU (frombuffer is no dispatcher
+    op; a view is one, for 2+ dims), one copy elsewhere."""
+    a = np.ascontiguousarray(a)
+    t = torch.frombuffer(a, dtype=_TORCH_OF[a.dtype]) if a.size else torch.from_numpy(a)
+    t = t.view(a.shape) if a.ndim != 1 else t
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
+_TORCH_OF = {np.dtype(np.int64): torch.int64, np.dtype(np.bool_): torch.bool, np.dtype(np.float32): torch.float32}
+
+
 def build_attn_meta(batch: ForwardBatch, device: torch.device) -> list[tuple[torch.Tensor | None, AttnMeta]]:
     """Per group of sequences: (its query rows [n] int64, or None when the group is the whole batch
-    in order, and its gather indices and mask). Built once per forward."""
-    qsl = batch.query_start_loc.tolist()
+    in order, and its gather indices and mask). Built once per forward, on the host (numpy: small
+    arrays cost no dispatcher ops), then handed to torch without a copy on CPU."""
+    qsl, kv_lens, tables = _host_meta(batch)
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
-    kv_lens = batch.kv_lens.tolist()
     windows = batch.window_masks or [None] * len(q_lens)
     groups = group_sequences(q_lens, kv_lens)
     if len(groups) == 1:
-        return [(None, _group_meta(batch, list(range(len(q_lens))), q_lens, kv_lens, windows, device))]
+        return [(None, _group_meta(batch.block_size, tables, list(range(len(q_lens))), q_lens, kv_lens, windows,
+                                   device))]
     parts = []
     for g in groups:
-        rows = torch.cat([torch.arange(qsl[i], qsl[i + 1]) for i in g]).to(device)
-        parts.append((rows, _group_meta(batch, g, q_lens, kv_lens, windows, device)))
+        rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in g])
+        parts.append((_to_torch(rows, device),
+                      _group_meta(batch.block_size, tables[g], g, q_lens, kv_lens, windows, device)))
     return parts
 
 
-def _group_meta(batch: ForwardBatch, seqs: list[int], q_lens_all: list[int], kv_lens_all: list[int],
-                windows_all: list, device: torch.device) -> AttnMeta:
-    """Gather indices and the dense visibility mask of the sequences ``seqs`` of a batch, whose
-    query rows come in the order of ``seqs``."""
-    i64 = dict(dtype=torch.int64, device=device)
+def _group_meta(block_size: int, tables: np.ndarray, seqs: list[int], q_lens_all: list[int],
+                kv_lens_all: list[int], windows_all: list, device: torch.device) -> AttnMeta:
+    """Gather indices and the dense visibility mask of the sequences ``seqs`` of a batch (block
+    tables [len(seqs), max_blocks]), whose query rows come in the order of ``seqs``."""
     q_lens, kv_lens = [q_lens_all[i] for i in seqs], [kv_lens_all[i] for i in seqs]
     windows = [windows_all[i] for i in seqs]
-    q_lens_t, kv_lens_t = torch.tensor(q_lens, **i64), torch.tensor(kv_lens, **i64)
     num_seqs, max_q, max_kv, num_tokens = len(q_lens), max(q_lens), max(kv_lens), sum(q_lens)
-    tables = batch.block_tables.to(device)
-    if len(seqs) != batch.num_seqs:
-        tables = tables[torch.tensor(seqs, **i64)]
-    pos = torch.arange(max_kv, **i64)
-    pos = torch.minimum(pos.unsqueeze(0), (kv_lens_t - 1).unsqueeze(1))  # [B, max_kv], clamp padding
-    blocks = tables.gather(1, pos // batch.block_size)
-    kv_index = (blocks * batch.block_size + pos % batch.block_size).view(-1)
+    q_arr, kv_arr = np.array(q_lens, dtype=np.int64), np.array(kv_lens, dtype=np.int64)
+    pos = np.minimum(np.arange(max_kv)[None, :], kv_arr[:, None] - 1)  # [B, max_kv], clamp padding
+    blocks = np.take_along_axis(tables, pos // block_size, 1)
+    kv_index = (blocks * block_size + pos % block_size).reshape(-1)
     out_index = None
     if num_seqs > 1 and min(q_lens) != max_q:
-        qsl = torch.zeros(num_seqs + 1, **i64)
-        qsl[1:] = q_lens_t.cumsum(0)
-        seq_of_tok = torch.repeat_interleave(torch.arange(num_seqs, **i64), q_lens_t, output_size=num_tokens)
-        out_index = torch.arange(num_tokens, **i64) + seq_of_tok * max_q - qsl[seq_of_tok]
+        starts = np.cumsum(q_arr) - q_arr
+        seq_of_tok = np.repeat(np.arange(num_seqs), q_arr)
+        out_index = _to_torch(np.arange(num_tokens) + seq_of_tok * max_q - starts[seq_of_tok], device)
     mask = None
     plain = all(w is None for w in windows)
     all_visible = plain and max_q == 1 and min(kv_lens) == max_kv
     # fresh prompts: query i sees keys 0..i, SDPA's own causal path (real rows never see padding)
     causal = plain and max_q > 1 and q_lens == kv_lens
     if not (all_visible or causal):
-        mask = _dense_mask(q_lens_t, kv_lens_t, max_q, max_kv, windows)
-    return AttnMeta(num_seqs, max_q, out_index, kv_index, mask, {}, causal)
+        mask = _dense_mask(q_arr, kv_arr, max_q, max_kv, windows)
+    meta = AttnMeta(num_seqs, max_q, out_index, _to_torch(kv_index, device),
+                    None if mask is None else _to_torch(mask, device), {}, causal)
+    meta.host_mask = mask
+    return meta
 
 
-def _dense_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv: int,
-                windows: list[torch.Tensor | None]) -> torch.Tensor:
+def _dense_mask(q_lens: np.ndarray, kv_lens: np.ndarray, max_q: int, max_kv: int,
+                windows: list[torch.Tensor | None]) -> np.ndarray:
     """[B, max_q, max_kv] bool: committed context + causal new tokens, custom windows pasted in;
     padding query rows see key 0 only (never a fully masked row)."""
-    dev = q_lens.device
-    i = torch.arange(max_q, device=dev).view(1, -1, 1)
-    j = torch.arange(max_kv, device=dev).view(1, 1, -1)
-    mask = j <= (kv_lens - q_lens).view(-1, 1, 1) + i
-    mask = torch.where(i < q_lens.view(-1, 1, 1), mask, j == 0)
+    i = np.arange(max_q).reshape(1, -1, 1)
+    j = np.arange(max_kv).reshape(1, 1, -1)
+    mask = j <= (kv_lens - q_lens).reshape(-1, 1, 1) + i
+    mask = np.where(i < q_lens.reshape(-1, 1, 1), mask, j == 0)
+    host: dict = {}  # id -> the window as numpy: a step's sequences often share one tree's mask
     for b, window in enumerate(windows):
         if window is None:
             continue
@@ -171,8 +191,11 @@ def _dense_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv:
         if q_b != int(q_lens[b]) or w > kv_b:
             raise ValueError(f"window_masks[{b}] has shape {tuple(window.shape)}; expected [q_len={int(q_lens[b])}, "
                              f"w <= kv_len={kv_b}]")
+        win = host.get(id(window))
+        if win is None:
+            win = host[id(window)] = window.cpu().numpy()
         mask[b, :q_b, : kv_b - w] = True
-        mask[b, :q_b, kv_b - w: kv_b] = window.to(dev)
+        mask[b, :q_b, kv_b - w: kv_b] = win
         mask[b, :q_b, kv_b:] = False
     return mask
 
@@ -193,8 +216,13 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     m = meta.folded.get((group, dtype))
     if m is None:
         b, q, kv = meta.mask.shape
-        folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
-        m = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(~folded, float("-inf"))
+        if meta.host_mask is not None:  # on the host: the fp32 0/-inf (exact in any float dtype), then one cast
+            folded = np.broadcast_to(meta.host_mask[:, None], (b, group, q, kv)).reshape(b, 1, group * q, kv)
+            m = _to_torch(np.where(folded, np.float32(0), np.float32(-np.inf)), meta.mask.device)
+            m = m if m.dtype is dtype else m.to(dtype)
+        else:
+            folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
+            m = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(~folded, float("-inf"))
         meta.folded[(group, dtype)] = m
     return m
 

@@ -17,6 +17,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import numpy as np
 import torch
 
 
@@ -38,6 +39,17 @@ def to_device(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 @dataclass(slots=True)
+class HostMeta:
+    """Host copies of a batch's lengths and block tables, as the batch was built from them: the torch
+    attention builds its per-forward indices from these with numpy, reading nothing back from tensors
+    (a ``.tolist()`` is 2 dispatcher ops, ``.numpy()`` 4). Optional: without it they are read back."""
+
+    query_start_loc: list[int]  # [B+1]
+    kv_lens: list[int]  # [B]
+    block_tables: np.ndarray  # [B, max_blocks] int64
+
+
+@dataclass(slots=True)
 class ForwardBatch:
     input_ids: torch.Tensor  # [N] int64
     positions: torch.Tensor  # [N] int64, RoPE position of each token
@@ -49,6 +61,7 @@ class ForwardBatch:
     window_masks: list[torch.Tensor | None] = field(default_factory=list)  # per seq [q_b, w_b] bool or None
     # Per-forward cache for attention backends (e.g. the dense mask built once, used by every layer).
     cache: dict = field(default_factory=dict)
+    host: HostMeta | None = None  # host copies of query_start_loc, kv_lens, block_tables (see HostMeta)
 
     @property
     def num_tokens(self) -> int:
@@ -66,9 +79,11 @@ class ForwardBatch:
         if self.num_tokens != 1:
             raise ValueError(f"doubled() is for a one-token batch; this one has {self.num_tokens} tokens")
         qsl = _doubled_qsl(self.query_start_loc)
+        host = None if self.host is None else HostMeta(
+            [0, 1, 2], self.host.kv_lens * 2, np.broadcast_to(self.host.block_tables, (2, self.host.block_tables.shape[1])))
         return ForwardBatch(self.input_ids.expand(2), self.positions.expand(2), self.slot_mapping.expand(2), qsl,
                             self.kv_lens.expand(2), self.block_tables.expand(2, -1), self.block_size,
-                            self.window_masks * 2)
+                            self.window_masks * 2, host=host)
 
     @staticmethod
     def make_dummy(num_tokens: int = 4, block_size: int = 16, device: str | torch.device = "cpu") -> "ForwardBatch":

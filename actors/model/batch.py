@@ -81,8 +81,8 @@ class ForwardBatch:
         qsl = _doubled_qsl(self.query_start_loc)
         host = None if self.host is None else HostMeta(
             [0, 1, 2], self.host.kv_lens * 2, np.broadcast_to(self.host.block_tables, (2, self.host.block_tables.shape[1])))
-        return ForwardBatch(self.input_ids.expand(2), self.positions.expand(2), self.slot_mapping.expand(2), qsl,
-                            self.kv_lens.expand(2), self.block_tables.expand(2, -1), self.block_size,
+        return ForwardBatch(_twice(self.input_ids), _twice(self.positions), _twice(self.slot_mapping), qsl,
+                            _twice(self.kv_lens), _twice(self.block_tables), self.block_size,
                             self.window_masks * 2, host=host)
 
     @staticmethod
@@ -113,3 +113,8 @@ def _doubled_qsl(like: torch.Tensor) -> torch.Tensor:
     if qsl is None:
         qsl = _DOUBLED_QSL[key] = torch.arange(3, dtype=like.dtype, device=like.device)
     return qsl
+
+
+def _twice(t: torch.Tensor) -> torch.Tensor:
+    """t [1, ...] as [2, ...], both rows the one row (stride 0): ``t.expand(2, ...)`` in one op instead of two."""
+    return t.as_strided((2, *t.shape[1:]), (0, *t.stride()[1:]))

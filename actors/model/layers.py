@@ -395,8 +395,8 @@ class VocabParallelEmbedding(nn.Module):
         param.data[n:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [N] int64 -> [N, H]
-        if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+        if self.tp.size == 1:  # the rows copied: F.embedding's bits in 4 ops instead of 7
+            return self.weight[input_ids]
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_loaded)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)

@@ -227,11 +227,16 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     return m
 
 
+GATHER_ROWS = 512  # up to this many keys per layer, torch.gather (2 ops); above, index_select (5, faster)
+
+
 def _gather_buffers(meta: AttnMeta, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(k rows, v rows, k view, v view): two [B * max_kv, kvh, d] buffers every layer gathers into, and
-    their transposed views [B, kvh, max_kv, d] (as_strided: the view + transpose in one op), made once
-    per forward: a layer's gather is then one index_select into memory already mapped, no empty and
-    no view op (and 10-25% faster than a fresh tensor's page faults at a few MB)."""
+    """(k rows, v rows, k view, v view, slots): two [B * max_kv, kvh, d] buffers every layer gathers
+    into, their transposed views [B, kvh, max_kv, d] (as_strided: the view + transpose in one op), and
+    the gather's slots, made once per forward: a layer's gather is then one op into memory already
+    mapped, no empty and no view op (and 10-25% faster than a fresh tensor's page faults at a few MB).
+    The slots are meta.kv_index [B * max_kv], or that broadcast to [B * max_kv, kvh, d] for
+    torch.gather when there are at most GATHER_ROWS keys."""
     key = (cache.shape[-2], cache.shape[-1], cache.dtype, cache.device)
     bufs = meta.gathered.get(key)
     if bufs is None:
@@ -239,16 +244,22 @@ def _gather_buffers(meta: AttnMeta, cache: torch.Tensor) -> tuple[torch.Tensor, 
         kvh, d = key[0], key[1]
         rows = [torch.empty((n, kvh, d), dtype=cache.dtype, device=cache.device) for _ in range(2)]
         views = [r.as_strided((b, kvh, n // b, d), (n * kvh * d // b, d, kvh * d, 1)) for r in rows]
-        bufs = meta.gathered[key] = (*rows, *views)
+        slots = meta.kv_index if n > GATHER_ROWS else meta.kv_index.as_strided((n, kvh, d), (1, 0, 0))
+        bufs = meta.gathered[key] = (*rows, *views, slots)
     return bufs
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
     """The keys (or values) at flat slots [B * max_kv] of cache [blocks, bs, kvh, d] into rows
-    [B * max_kv, kvh, d]. index_select copies whole rows: 2-3x faster than advanced indexing on the
-    2-core CPU (0.2-25 MB gathered), and faster than torch.gather (fewer ops, but it loads an index
-    per element: 1.3-1.5x slower from ~250 rows)."""
-    torch.index_select(_flat(cache), 0, slots, out=rows)
+    [B * max_kv, kvh, d] (slots broadcast to rows' shape: torch.gather). index_select copies whole
+    rows: 2-3x faster than advanced indexing on the 2-core CPU (0.2-25 MB gathered) and than
+    torch.gather from ~1,000 rows (it loads an index per element); torch.gather is 2 dispatcher ops
+    to index_select's 5 (it selects a row of the source and of the output to size its copies), and
+    as fast up to ~500 rows. Both copy: the same bits."""
+    if slots.dim() == 1:
+        torch.index_select(_flat(cache), 0, slots, out=rows)
+    else:
+        torch.gather(_flat(cache), 0, slots, out=rows)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -296,9 +307,9 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kvh = k_cache.shape[-2]
     g = h // kvh
     b, max_q = meta.num_seqs, meta.max_q
-    k_rows, v_rows, keys, values = _gather_buffers(meta, k_cache)  # keys, values: [B, kvh, max_kv, d]
-    _gather(k_cache, meta.kv_index, k_rows)
-    _gather(v_cache, meta.kv_index, v_rows)
+    k_rows, v_rows, keys, values, slots = _gather_buffers(meta, k_cache)  # keys, values: [B, kvh, max_kv, d]
+    _gather(k_cache, slots, k_rows)
+    _gather(v_cache, slots, v_rows)
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
         mask = _folded_mask(meta, g, q.dtype)
         out = _sdpa(q.view(b, kvh, g, d), keys, values, mask, scale)

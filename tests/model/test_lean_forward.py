@@ -168,3 +168,22 @@ def test_verifier_batches_carry_their_host_metadata():
     assert batch.host.query_start_loc == batch.query_start_loc.tolist() == [0, 2, 3]
     assert batch.host.kv_lens == batch.kv_lens.tolist() == [5, 9]
     assert batch.block_tables.tolist() == batch.host.block_tables.tolist() == [[4, 2, 0], [1, 8, 3]]
+
+
+def test_small_and_large_gathers_give_the_same_attention(monkeypatch):
+    """torch.gather (up to GATHER_ROWS keys) and index_select (above) copy the same rows."""
+    from actors.model import attention
+    from tests.model.test_attention import BS, D, H, KVH, _mixed_chunks
+
+    chunks = _mixed_chunks()
+    k_cache, v_cache = attention.allocate_kv_cache(1, 24, BS, KVH, D)[0]
+    k_cache.normal_(), v_cache.normal_()
+    q = torch.randn(sum(len(c.tokens) for c in chunks), H, D)
+    outs = []
+    for limit in (10 ** 6, 0):
+        monkeypatch.setattr(attention, "GATHER_ROWS", limit)
+        batch = make_batch(chunks, BS)
+        outs.append(attention.paged_attention(q, k_cache, v_cache, batch, D ** -0.5))
+        slots = batch.cache["paged_attention"][0][1].gathered[(KVH, D, torch.float32, k_cache.device)][-1]
+        assert slots.dim() == (3 if limit else 1)
+    assert torch.equal(*outs)

@@ -8,8 +8,10 @@ KV cache per layer: ``k, v`` of shape [num_blocks, block_size, num_kv_heads, hea
 usually one group for the whole batch. Why groups: padding makes one call cost
 B x max_q x max_kv, so a 1,000-token prefill chunk batched with 63 decoding sequences padded every
 one of them to 1,000 query rows (attention was 88% of a step of the training-data generator). The
-gather indices and dense masks are built once per forward and kept in ``batch.cache`` for every
-layer. GQA folds the query heads sharing a KV head into the query-length axis, so K/V are never
+gather indices and dense masks are built once per forward (on the host, with numpy, from the batch's
+``HostMeta`` when it has one) and kept in ``batch.cache`` for every layer, with the buffers every
+layer gathers K/V into and folds its query into: a layer's attention is a few ops (issue 25: every
+op costs dispatcher and Python time). GQA folds the query heads sharing a KV head into the query-length axis, so K/V are never
 repeated.
 """
 from __future__ import annotations

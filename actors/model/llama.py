@@ -19,13 +19,12 @@ from actors.model.layers import (
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
-    RotaryEmbedding,
     RowParallelLinear,
     SwiGLUMLP,
     TPContext,
     VocabParallelEmbedding,
-    apply_rotary_halves,
 )
+from actors.model.rope import RotaryEmbedding, apply_rotary_halves
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos [N, 1, 1, head_dim // 2], signed sin [N, 1, 2, head_dim // 2]

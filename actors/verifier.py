@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from actors.kv_disk_pool import DiskTierSpec
 from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
-from actors.model.batch import ForwardBatch, to_device
+from actors.model.batch import ForwardBatch, HostMeta, to_device
 
 
 @dataclass(slots=True)
@@ -40,16 +41,22 @@ def build_forward_batch(chunks: list[SeqChunk], block_size: int, device: torch.d
         slots += c.slots
         qsl.append(qsl[-1] + len(c.token_ids))
     width = max(len(c.block_table) for c in chunks)
-    tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
+    tables: list[int] = []
+    for c in chunks:
+        tables += c.block_table
+        tables += [0] * (width - len(c.block_table))
+    kv_lens = [c.kv_len for c in chunks]
+    host_tables = np.array(tables, dtype=np.int64).reshape(len(chunks), width)
     return ForwardBatch(
         input_ids=to_device(ids, device),
         positions=to_device(pos, device),
         slot_mapping=to_device(slots, device),
         query_start_loc=to_device(qsl, device),
-        kv_lens=to_device([c.kv_len for c in chunks], device),
-        block_tables=to_device(tables, device),
+        kv_lens=to_device(kv_lens, device),
+        block_tables=to_device(tables, device).view(len(chunks), width),
         block_size=block_size,
         window_masks=[None if c.window_mask is None else c.window_mask.to(device, non_blocking=True) for c in chunks],
+        host=HostMeta(qsl, kv_lens, host_tables),
     )
 
 
@@ -118,7 +125,8 @@ class Verifier:
             picked = hidden
         else:
             picked = hidden.index_select(0, to_device(logit_rows, self.device))
-        return self.model.compute_logits(picked).float(), hidden
+        logits = self.model.compute_logits(picked)
+        return (logits if logits.dtype is torch.float32 else logits.float()), hidden  # .float() is an op
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
         """Move K/V of accepted tree nodes to their sequence's logical positions (all layers)."""

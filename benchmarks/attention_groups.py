@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import random
 
+import numpy as np
 import torch
 
 from actors.model import attention
@@ -64,13 +65,14 @@ def make_batch(q_lens: list[int], kv_lens: list[int]) -> tuple[ForwardBatch, int
 
 def _masked(group_meta):
     """attention._group_meta with the causal kernel replaced by the dense mask it saves."""
-    def wrapped(batch, seqs, q_lens, kv_lens, windows, device):
-        m = group_meta(batch, seqs, q_lens, kv_lens, windows, device)
+    def wrapped(block_size, tables, seqs, q_lens, kv_lens, windows, device):
+        m = group_meta(block_size, tables, seqs, q_lens, kv_lens, windows, device)
         if not m.causal:
             return m
-        ql, kl = (torch.tensor([x[i] for i in seqs]) for x in (q_lens, kv_lens))
+        ql, kl = (np.array([x[i] for i in seqs]) for x in (q_lens, kv_lens))
         mask = attention._dense_mask(ql, kl, m.max_q, int(kl.max()), [None] * len(seqs))
-        return dataclasses.replace(m, mask=mask, causal=False, folded={})
+        return dataclasses.replace(m, mask=torch.from_numpy(mask).to(device), host_mask=mask, causal=False,
+                                   folded={}, gathered={})
     return wrapped
 
 

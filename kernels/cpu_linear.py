@@ -76,7 +76,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x if flat else x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
     if m == 1:  # oneDNN's 1-row kernel sums in another order: take the multi-row one
-        out = _product(rows.expand(2, -1), weight, bias)[:1]
+        out = _product(torch.cat((rows, rows)), weight, bias)[:1]  # 1 op; expand + contiguous is 7
     elif padded_rows(m) != m:  # a bucket's shape (rows do not depend on what shares the product)
         out = _product(torch.cat([rows, rows.new_zeros(padded_rows(m) - m, rows.shape[1])]), weight, bias)[:m]
     else:

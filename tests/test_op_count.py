@@ -63,3 +63,18 @@ def test_bad_flags_name_the_value(argv, needle, capsys):
     with pytest.raises(SystemExit):
         op_count.main(argv)
     assert needle in capsys.readouterr().err
+
+
+def test_the_lean_forward_stays_lean(runner):
+    """Issue 25's per-layer budget on CPU, as reached (B=2 sequences, tiny model): a decoder layer of a
+    decode step costs at most 70 dispatcher ops, of a 10-node tree step at most 75 (within 10% of decode).
+    A change that adds ops per layer shows here first."""
+    model = runner.verifier.model
+    counts = {}
+    for kind in ("decode", "tree"):
+        run = runner.step(kind)
+        run()
+        counts[kind] = op_count.count_ops(run, model)
+    assert max(counts["decode"].layer_all[1:]) <= 70
+    assert max(counts["tree"].layer_all[1:]) <= 75
+    assert max(counts["tree"].layer_all[1:]) <= 1.1 * max(counts["decode"].layer_all[1:])

@@ -8,14 +8,17 @@ KV cache per layer: ``k, v`` of shape [num_blocks, block_size, num_kv_heads, hea
 usually one group for the whole batch. Why groups: padding makes one call cost
 B x max_q x max_kv, so a 1,000-token prefill chunk batched with 63 decoding sequences padded every
 one of them to 1,000 query rows (attention was 88% of a step of the training-data generator). The
-gather indices and dense masks are built once per forward and kept in ``batch.cache`` for every
-layer. GQA folds the query heads sharing a KV head into the query-length axis, so K/V are never
+gather indices and dense masks are built once per forward (on the host, with numpy, from the batch's
+``HostMeta`` when it has one) and kept in ``batch.cache`` for every layer, with the buffers every
+layer gathers K/V into and folds its query into: a layer's attention is a few ops (issue 25: every
+op costs dispatcher and Python time). GQA folds the query heads sharing a KV head into the query-length axis, so K/V are never
 repeated.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -74,6 +77,8 @@ class AttnMeta:
     mask: torch.Tensor | None  # [B, max_q, max_kv] bool, True = visible; None = all visible or causal
     folded: dict  # (group size, dtype) -> additive mask [B, 1, g * max_q, max_kv]
     causal: bool = False  # every sequence is a prompt from position 0 (q_len == kv_len): no mask needed
+    gathered: dict = field(default_factory=dict)  # (kvh, d, dtype, device) -> the K/V gather buffers and their views
+    host_mask: np.ndarray | None = None  # ``mask`` on the host, when it was built there
 
 
 GROUP_SLACK = 4096  # cost units a group may waste beyond half its real work (about one call's overhead)
@@ -104,64 +109,82 @@ def group_sequences(q_lens: list[int], kv_lens: list[int]) -> list[list[int]]:
     return groups + ([sorted(cur)] if cur else [])
 
 
+def _host_meta(batch: ForwardBatch) -> tuple[list[int], list[int], np.ndarray]:
+    """(query_start_loc, kv_lens, block tables [B, max_blocks]) on the host: the batch's HostMeta, else read back."""
+    if batch.host is not None:
+        return batch.host.query_start_loc, batch.host.kv_lens, batch.host.block_tables
+    return batch.query_start_loc.tolist(), batch.kv_lens.tolist(), batch.block_tables.cpu().numpy()
+
+
+def _to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor on ``device``: over the array's memory on CPU (frombuffer is no dispatcher
+    op; a view is one, for 2+ dims), one copy elsewhere."""
+    a = np.ascontiguousarray(a)
+    t = torch.frombuffer(a, dtype=_TORCH_OF[a.dtype]) if a.size else torch.from_numpy(a)
+    t = t.view(a.shape) if a.ndim != 1 else t
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
+_TORCH_OF = {np.dtype(np.int64): torch.int64, np.dtype(np.bool_): torch.bool, np.dtype(np.float32): torch.float32}
+
+
 def build_attn_meta(batch: ForwardBatch, device: torch.device) -> list[tuple[torch.Tensor | None, AttnMeta]]:
     """Per group of sequences: (its query rows [n] int64, or None when the group is the whole batch
-    in order, and its gather indices and mask). Built once per forward."""
-    qsl = batch.query_start_loc.tolist()
+    in order, and its gather indices and mask). Built once per forward, on the host (numpy: small
+    arrays cost no dispatcher ops), then handed to torch without a copy on CPU."""
+    qsl, kv_lens, tables = _host_meta(batch)
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
-    kv_lens = batch.kv_lens.tolist()
     windows = batch.window_masks or [None] * len(q_lens)
     groups = group_sequences(q_lens, kv_lens)
     if len(groups) == 1:
-        return [(None, _group_meta(batch, list(range(len(q_lens))), q_lens, kv_lens, windows, device))]
+        return [(None, _group_meta(batch.block_size, tables, list(range(len(q_lens))), q_lens, kv_lens, windows,
+                                   device))]
     parts = []
     for g in groups:
-        rows = torch.cat([torch.arange(qsl[i], qsl[i + 1]) for i in g]).to(device)
-        parts.append((rows, _group_meta(batch, g, q_lens, kv_lens, windows, device)))
+        rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in g])
+        parts.append((_to_torch(rows, device),
+                      _group_meta(batch.block_size, tables[g], g, q_lens, kv_lens, windows, device)))
     return parts
 
 
-def _group_meta(batch: ForwardBatch, seqs: list[int], q_lens_all: list[int], kv_lens_all: list[int],
-                windows_all: list, device: torch.device) -> AttnMeta:
-    """Gather indices and the dense visibility mask of the sequences ``seqs`` of a batch, whose
-    query rows come in the order of ``seqs``."""
-    i64 = dict(dtype=torch.int64, device=device)
+def _group_meta(block_size: int, tables: np.ndarray, seqs: list[int], q_lens_all: list[int],
+                kv_lens_all: list[int], windows_all: list, device: torch.device) -> AttnMeta:
+    """Gather indices and the dense visibility mask of the sequences ``seqs`` of a batch (block
+    tables [len(seqs), max_blocks]), whose query rows come in the order of ``seqs``."""
     q_lens, kv_lens = [q_lens_all[i] for i in seqs], [kv_lens_all[i] for i in seqs]
     windows = [windows_all[i] for i in seqs]
-    q_lens_t, kv_lens_t = torch.tensor(q_lens, **i64), torch.tensor(kv_lens, **i64)
     num_seqs, max_q, max_kv, num_tokens = len(q_lens), max(q_lens), max(kv_lens), sum(q_lens)
-    tables = batch.block_tables.to(device)
-    if len(seqs) != batch.num_seqs:
-        tables = tables[torch.tensor(seqs, **i64)]
-    pos = torch.arange(max_kv, **i64)
-    pos = torch.minimum(pos.unsqueeze(0), (kv_lens_t - 1).unsqueeze(1))  # [B, max_kv], clamp padding
-    blocks = tables.gather(1, pos // batch.block_size)
-    kv_index = (blocks * batch.block_size + pos % batch.block_size).view(-1)
+    q_arr, kv_arr = np.array(q_lens, dtype=np.int64), np.array(kv_lens, dtype=np.int64)
+    pos = np.minimum(np.arange(max_kv)[None, :], kv_arr[:, None] - 1)  # [B, max_kv], clamp padding
+    blocks = np.take_along_axis(tables, pos // block_size, 1)
+    kv_index = (blocks * block_size + pos % block_size).reshape(-1)
     out_index = None
     if num_seqs > 1 and min(q_lens) != max_q:
-        qsl = torch.zeros(num_seqs + 1, **i64)
-        qsl[1:] = q_lens_t.cumsum(0)
-        seq_of_tok = torch.repeat_interleave(torch.arange(num_seqs, **i64), q_lens_t, output_size=num_tokens)
-        out_index = torch.arange(num_tokens, **i64) + seq_of_tok * max_q - qsl[seq_of_tok]
+        starts = np.cumsum(q_arr) - q_arr
+        seq_of_tok = np.repeat(np.arange(num_seqs), q_arr)
+        out_index = _to_torch(np.arange(num_tokens) + seq_of_tok * max_q - starts[seq_of_tok], device)
     mask = None
     plain = all(w is None for w in windows)
     all_visible = plain and max_q == 1 and min(kv_lens) == max_kv
     # fresh prompts: query i sees keys 0..i, SDPA's own causal path (real rows never see padding)
     causal = plain and max_q > 1 and q_lens == kv_lens
     if not (all_visible or causal):
-        mask = _dense_mask(q_lens_t, kv_lens_t, max_q, max_kv, windows)
-    return AttnMeta(num_seqs, max_q, out_index, kv_index, mask, {}, causal)
+        mask = _dense_mask(q_arr, kv_arr, max_q, max_kv, windows)
+    meta = AttnMeta(num_seqs, max_q, out_index, _to_torch(kv_index, device),
+                    None if mask is None else _to_torch(mask, device), {}, causal)
+    meta.host_mask = mask
+    return meta
 
 
-def _dense_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv: int,
-                windows: list[torch.Tensor | None]) -> torch.Tensor:
+def _dense_mask(q_lens: np.ndarray, kv_lens: np.ndarray, max_q: int, max_kv: int,
+                windows: list[torch.Tensor | None]) -> np.ndarray:
     """[B, max_q, max_kv] bool: committed context + causal new tokens, custom windows pasted in;
     padding query rows see key 0 only (never a fully masked row)."""
-    dev = q_lens.device
-    i = torch.arange(max_q, device=dev).view(1, -1, 1)
-    j = torch.arange(max_kv, device=dev).view(1, 1, -1)
-    mask = j <= (kv_lens - q_lens).view(-1, 1, 1) + i
-    mask = torch.where(i < q_lens.view(-1, 1, 1), mask, j == 0)
+    i = np.arange(max_q).reshape(1, -1, 1)
+    j = np.arange(max_kv).reshape(1, 1, -1)
+    mask = j <= (kv_lens - q_lens).reshape(-1, 1, 1) + i
+    mask = np.where(i < q_lens.reshape(-1, 1, 1), mask, j == 0)
+    host: dict = {}  # id -> the window as numpy: a step's sequences often share one tree's mask
     for b, window in enumerate(windows):
         if window is None:
             continue
@@ -170,8 +193,11 @@ def _dense_mask(q_lens: torch.Tensor, kv_lens: torch.Tensor, max_q: int, max_kv:
         if q_b != int(q_lens[b]) or w > kv_b:
             raise ValueError(f"window_masks[{b}] has shape {tuple(window.shape)}; expected [q_len={int(q_lens[b])}, "
                              f"w <= kv_len={kv_b}]")
+        win = host.get(id(window))
+        if win is None:
+            win = host[id(window)] = window.cpu().numpy()
         mask[b, :q_b, : kv_b - w] = True
-        mask[b, :q_b, kv_b - w: kv_b] = window.to(dev)
+        mask[b, :q_b, kv_b - w: kv_b] = win
         mask[b, :q_b, kv_b:] = False
     return mask
 
@@ -192,25 +218,76 @@ def _folded_mask(meta: AttnMeta, group: int, dtype: torch.dtype) -> torch.Tensor
     m = meta.folded.get((group, dtype))
     if m is None:
         b, q, kv = meta.mask.shape
-        folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
-        m = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(~folded, float("-inf"))
+        if meta.host_mask is not None:  # on the host: the fp32 0/-inf (exact in any float dtype), then one cast
+            folded = np.broadcast_to(meta.host_mask[:, None], (b, group, q, kv)).reshape(b, 1, group * q, kv)
+            m = _to_torch(np.where(folded, np.float32(0), np.float32(-np.inf)), meta.mask.device)
+            m = m if m.dtype is dtype else m.to(dtype)
+        else:
+            folded = meta.mask.unsqueeze(1).expand(b, group, q, kv).reshape(b, 1, group * q, kv)
+            m = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(~folded, float("-inf"))
         meta.folded[(group, dtype)] = m
     return m
 
 
-def _gather(cache: torch.Tensor, slots: torch.Tensor, b: int) -> torch.Tensor:
-    """The keys (or values) at flat slots [B * max_kv] of cache [blocks, bs, kvh, d] -> [B, kvh, max_kv, d]
-    (a transposed view of the gathered [B, max_kv, kvh, d]). index_select copies whole rows: 2-3x
-    faster than advanced indexing on the 2-core CPU (0.2-25 MB gathered); as_strided is the
-    view + transpose in one op."""
-    rows = _flat(cache).index_select(0, slots)  # [B * max_kv, kvh, d]
-    n, kvh, d = rows.shape
-    return rows.as_strided((b, kvh, n // b, d), (n * kvh * d // b, d, kvh * d, 1))
+GATHER_ROWS = 512  # up to this many keys per layer, torch.gather (2 ops); above, index_select (5, faster)
 
 
-def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
-    """x copied into a new contiguous tensor of its shape: empty + copy_, 2 ops (reshape's copy is 6)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+def _gather_buffers(meta: AttnMeta, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(k rows, v rows, k view, v view, slots): two [B * max_kv, kvh, d] buffers every layer gathers
+    into, their transposed views [B, kvh, max_kv, d] (as_strided: the view + transpose in one op), and
+    the gather's slots, made once per forward: a layer's gather is then one op into memory already
+    mapped, no empty and no view op (and 10-25% faster than a fresh tensor's page faults at a few MB).
+    The slots are meta.kv_index [B * max_kv], or that broadcast to [B * max_kv, kvh, d] for
+    torch.gather when there are at most GATHER_ROWS keys."""
+    key = (cache.shape[-2], cache.shape[-1], cache.dtype, cache.device)
+    bufs = meta.gathered.get(key)
+    if bufs is None:
+        n, b = meta.kv_index.shape[0], meta.num_seqs
+        kvh, d = key[0], key[1]
+        rows = [torch.empty((n, kvh, d), dtype=cache.dtype, device=cache.device) for _ in range(2)]
+        views = [r.as_strided((b, kvh, n // b, d), (n * kvh * d // b, d, kvh * d, 1)) for r in rows]
+        slots = meta.kv_index if n > GATHER_ROWS else meta.kv_index.as_strided((n, kvh, d), (1, 0, 0))
+        bufs = meta.gathered[key] = (*rows, *views, slots)
+    return bufs
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """The keys (or values) at flat slots [B * max_kv] of cache [blocks, bs, kvh, d] into rows
+    [B * max_kv, kvh, d] (slots broadcast to rows' shape: torch.gather). index_select copies whole
+    rows: 2-3x faster than advanced indexing on the 2-core CPU (0.2-25 MB gathered) and than
+    torch.gather from ~1,000 rows (it loads an index per element); torch.gather is 2 dispatcher ops
+    to index_select's 5 (it selects a row of the source and of the output to size its copies), and
+    as fast up to ~500 rows. Both copy: the same bits."""
+    if slots.dim() == 1:
+        torch.index_select(_flat(cache), 0, slots, out=rows)
+    else:
+        torch.gather(_flat(cache), 0, slots, out=rows)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` (no GQA repeat: q's heads are
+    k's). On CPU it calls the flash kernel SDPA picks there directly: the same kernel and bits, an op less."""
+    if q.device.type == "cpu" and q.dtype in _FLASH_DTYPES:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _fold_buffers(meta: AttnMeta, h: int, kvh: int, d: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(query [B, kvh, g * max_q, d], its [B, kvh, g, max_q, d] view, output rows [B * max_q, h, d], their
+    [B, kvh, g, max_q, d] view): the folded query and the unfolded output, made once per forward, so that
+    a layer's fold and unfold are one strided copy each (a permute, an empty, a copy and views: 6-7 ops)."""
+    key = ("fold", h, kvh, d, like.dtype, like.device)
+    bufs = meta.gathered.get(key)
+    if bufs is None:
+        b, max_q, g = meta.num_seqs, meta.max_q, h // kvh
+        q = torch.empty((b, kvh, g * max_q, d), dtype=like.dtype, device=like.device)
+        out = torch.empty((b * max_q, h, d), dtype=like.dtype, device=like.device)
+        out5 = out.as_strided((b, kvh, g, max_q, d), (max_q * h * d, g * d, d, h * d, 1))
+        bufs = meta.gathered[key] = (q, q.view(b, kvh, g, max_q, d), out, out5)
+    return bufs
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
@@ -232,22 +309,26 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kvh = k_cache.shape[-2]
     g = h // kvh
     b, max_q = meta.num_seqs, meta.max_q
-    keys, values = _gather(k_cache, meta.kv_index, b), _gather(v_cache, meta.kv_index, b)  # [B, kvh, max_kv, d]
+    k_rows, v_rows, keys, values, slots = _gather_buffers(meta, k_cache)  # keys, values: [B, kvh, max_kv, d]
+    _gather(k_cache, slots, k_rows)
+    _gather(v_cache, slots, v_rows)
     if max_q == 1 and meta.out_index is None:  # decode: q [B, h, d] is already [B, kvh, g, d], no permutes
         mask = _folded_mask(meta, g, q.dtype)
-        out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=mask, scale=scale)
-        return out.reshape(b, h, d)  # a view on CPU; CUDA's kernels may return another layout (g = 3)
-    if meta.out_index is None:
-        qp = q.view(b, max_q, kvh, g, d)
-    else:
-        qp = q.new_zeros(b * max_q, h, d).index_copy_(0, meta.out_index, q).view(b, max_q, kvh, g, d)
+        out = _sdpa(q.view(b, kvh, g, d), keys, values, mask, scale)
+        # a view on CPU (one op; reshape is two); CUDA's kernels may return another layout (g = 3)
+        return out.view(b, h, d) if out.is_contiguous() else out.reshape(b, h, d)
+    if meta.out_index is not None:  # [B * max_q, h, d]: each sequence's rows padded to max_q
+        q = q.new_zeros(b * max_q, h, d).index_copy_(0, meta.out_index, q)
     if meta.causal:  # heads unfolded: the causal kernel needs query i at row i (about 2x at 1,000 tokens)
-        qp = qp.view(b, max_q, h, d).transpose(1, 2)  # [B, h, max_q, d]
+        qp = q.view(b, max_q, h, d).transpose(1, 2)  # [B, h, max_q, d]
         out = F.scaled_dot_product_attention(qp, keys, values, is_causal=True, scale=scale, enable_gqa=True)
         out = out.transpose(1, 2).reshape(b * max_q, h, d)
-    else:
-        qp = _contiguous_copy(qp.permute(0, 2, 3, 1, 4)).view(b, kvh, g * max_q, d)  # [B, kvh, g * max_q, d]
-        mask = _folded_mask(meta, g, q.dtype)
-        out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale)
-        out = _contiguous_copy(out.reshape(b, kvh, g, max_q, d).permute(0, 3, 1, 2, 4)).view(b * max_q, h, d)
+    else:  # query heads sharing a KV head folded into the query axis, rows (head, token)
+        qp, qp5, out_rows, out5 = _fold_buffers(meta, h, kvh, d, q)
+        s0, s1, s2 = q.stride()  # q [B * max_q, h, d] as [B, kvh, g, max_q, d]: one strided view, one copy
+        qp5.copy_(q.as_strided((b, kvh, g, max_q, d), (max_q * s0, g * s1, s1, s0, s2)))
+        out = _sdpa(qp, keys, values, _folded_mask(meta, g, q.dtype), scale)  # [B, kvh, g * max_q, d]
+        t0, t1, t2, t3 = out.stride()
+        out5.copy_(out.as_strided((b, kvh, g, max_q, d), (t0, t1, max_q * t2, t2, t3)))
+        out = out_rows  # [B * max_q, h, d], overwritten by the next layer (o_proj has read it by then)
     return out if meta.out_index is None else out.index_select(0, meta.out_index)

@@ -13,16 +13,40 @@ One forward runs N tokens from B sequences. Sequence b owns the query tokens
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
+from typing import Iterable
 
+import numpy as np
 import torch
+
+
+def host_int64(values: Iterable[int]) -> torch.Tensor:
+    """int64 [len(values)] on the CPU over an ``array('q')`` of the values: no dispatcher op (torch.tensor
+    is four: empty, to, lift_fresh, detach_). The tensor owns the array (a reference)."""
+    buf = array("q", values)
+    return torch.frombuffer(buf, dtype=torch.int64) if len(buf) else torch.empty(0, dtype=torch.int64)
 
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
     ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
-    t = torch.tensor(values, dtype=torch.int64)
+    try:
+        t = host_int64(values)
+    except TypeError:  # not plain integers (e.g. floats): torch.tensor's own conversion and errors
+        t = torch.tensor(values, dtype=torch.int64)
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
+@dataclass(slots=True)
+class HostMeta:
+    """Host copies of a batch's lengths and block tables, as the batch was built from them: the torch
+    attention builds its per-forward indices from these with numpy, reading nothing back from tensors
+    (a ``.tolist()`` is 2 dispatcher ops, ``.numpy()`` 4). Optional: without it they are read back."""
+
+    query_start_loc: list[int]  # [B+1]
+    kv_lens: list[int]  # [B]
+    block_tables: np.ndarray  # [B, max_blocks] int64
 
 
 @dataclass(slots=True)
@@ -37,6 +61,7 @@ class ForwardBatch:
     window_masks: list[torch.Tensor | None] = field(default_factory=list)  # per seq [q_b, w_b] bool or None
     # Per-forward cache for attention backends (e.g. the dense mask built once, used by every layer).
     cache: dict = field(default_factory=dict)
+    host: HostMeta | None = None  # host copies of query_start_loc, kv_lens, block_tables (see HostMeta)
 
     @property
     def num_tokens(self) -> int:
@@ -53,10 +78,12 @@ class ForwardBatch:
         Both rows compute the same bits, so writing the slot twice stores the same K/V."""
         if self.num_tokens != 1:
             raise ValueError(f"doubled() is for a one-token batch; this one has {self.num_tokens} tokens")
-        qsl = torch.arange(3, dtype=self.query_start_loc.dtype, device=self.query_start_loc.device)
-        return ForwardBatch(self.input_ids.expand(2), self.positions.expand(2), self.slot_mapping.expand(2), qsl,
-                            self.kv_lens.expand(2), self.block_tables.expand(2, -1), self.block_size,
-                            self.window_masks * 2)
+        qsl = _doubled_qsl(self.query_start_loc)
+        host = None if self.host is None else HostMeta(
+            [0, 1, 2], self.host.kv_lens * 2, np.broadcast_to(self.host.block_tables, (2, self.host.block_tables.shape[1])))
+        return ForwardBatch(_twice(self.input_ids), _twice(self.positions), _twice(self.slot_mapping), qsl,
+                            _twice(self.kv_lens), _twice(self.block_tables), self.block_size,
+                            self.window_masks * 2, host=host)
 
     @staticmethod
     def make_dummy(num_tokens: int = 4, block_size: int = 16, device: str | torch.device = "cpu") -> "ForwardBatch":
@@ -74,3 +101,20 @@ class ForwardBatch:
             block_size=block_size,
             window_masks=[None],
         )
+
+
+_DOUBLED_QSL: dict = {}
+
+
+def _doubled_qsl(like: torch.Tensor) -> torch.Tensor:
+    """[0, 1, 2] of ``like``'s dtype and device, made once (read only: an arange per step is 3 ops)."""
+    key = (like.dtype, like.device)
+    qsl = _DOUBLED_QSL.get(key)
+    if qsl is None:
+        qsl = _DOUBLED_QSL[key] = torch.arange(3, dtype=like.dtype, device=like.device)
+    return qsl
+
+
+def _twice(t: torch.Tensor) -> torch.Tensor:
+    """t [1, ...] as [2, ...], both rows the one row (stride 0): ``t.expand(2, ...)`` in one op instead of two."""
+    return t.as_strided((2, *t.shape[1:]), (0, *t.stride()[1:]))

@@ -1,5 +1,5 @@
-"""Building blocks of the Llama-family forward: RMSNorm, rotary embedding, SwiGLU MLP and the
-tensor-parallel linears.
+"""Building blocks of the Llama-family forward: RMSNorm, SwiGLU MLP and the tensor-parallel linears
+(rotary embedding: ``actors.model.rope``, re-exported here).
 
 Every parameter carries ``weight_loader(param, src, shard_id=None)``: ``src`` is the FULL checkpoint
 tensor, or a safetensors ``get_slice`` handle of it, and the loader reads only this rank's shard.
@@ -7,7 +7,6 @@ With ``TPContext.single()`` (size 1) no collective is ever called.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -16,6 +15,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from actors.model.rope import (  # noqa: F401  (re-exported: callers import RoPE from here)
+    RotaryEmbedding,
+    apply_rotary,
+    apply_rotary_halves,
+    rope_inv_freq,
+    rotary_halves_tables,
+)
 from kernels.cpu_linear import linear
 
 
@@ -109,7 +115,7 @@ def _divide(n: int, d: int, what: str) -> int:
     return n // d
 
 
-# ---------------------------------------------------------------- norm, rotary, activation
+# ---------------------------------------------------------------- norm
 
 class RMSNorm(nn.Module):
     fused_add_norm = None  # (x, residual, weight, eps) -> (normed, sum); set by attention_backends
@@ -142,119 +148,6 @@ class RMSNorm(nn.Module):
             return self.fused_add_norm(x, residual, self.weight, self.eps)
         x = x.add_(residual)
         return self._norm(x), x
-
-
-def rope_inv_freq(head_dim: int, base: float, scaling: dict | None, seq_len: int | None = None):
-    """(inv_freq [head_dim // 2] fp32, attention_factor) for RoPE types default/linear/dynamic/llama3/yarn."""
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    rope_type = "default" if scaling is None else scaling["rope_type"]
-    if rope_type == "default":
-        return inv, 1.0
-    factor = float(scaling["factor"])
-    if rope_type == "linear":
-        return inv / factor, 1.0
-    if rope_type == "dynamic":
-        max_pos = scaling["max_position_embeddings"]
-        seq = max(seq_len or max_pos, max_pos)
-        base = base * ((factor * seq / max_pos) - (factor - 1)) ** (head_dim / (head_dim - 2))
-        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)), 1.0
-    if rope_type == "llama3":
-        return _llama3_inv_freq(inv, scaling), 1.0
-    if rope_type == "yarn":
-        return _yarn_inv_freq(head_dim, base, scaling)
-    raise ValueError(f"rope type {rope_type!r} is not supported")
-
-
-def _llama3_inv_freq(inv: torch.Tensor, s: dict) -> torch.Tensor:
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > old / low, inv / factor, inv)
-    smooth = (old / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
-    return torch.where(medium, smoothed, scaled)
-
-
-def _yarn_inv_freq(dim: int, base: float, s: dict):
-    factor = float(s["factor"])
-    orig = s["original_max_position_embeddings"]
-    mscale = lambda sc, m=1.0: 1.0 if sc <= 1 else 0.1 * m * math.log(sc) + 1.0  # noqa: E731
-    attn = s.get("attention_factor")
-    if attn is None:
-        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
-        attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    corr = lambda rot: dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731
-    low, high = corr(s.get("beta_fast") or 32), corr(s.get("beta_slow") or 1)
-    if s.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    high = high + 0.001 if low == high else high
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
-    extra = 1 - ramp
-    inv = (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra
-    return inv, float(attn)
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate-half) RoPE with a cos/sin cache [max_pos, head_dim // 2] in the model dtype."""
-
-    def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None = None,
-                 dtype: torch.dtype | None = None):
-        super().__init__()
-        self.head_dim, self.base, self.max_position = head_dim, base, max_position
-        self.scaling = None if scaling is None else {**scaling, "max_position_embeddings": max_position}
-        self.dtype = dtype or torch.get_default_dtype()
-        self.dynamic = self.scaling is not None and self.scaling["rope_type"] == "dynamic"
-        self._cos, self._sin = self._table(max_position, None)
-
-    def _table(self, length: int, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        inv, attn = rope_inv_freq(self.head_dim, self.base, self.scaling, seq_len)
-        freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv)
-        return (freqs.cos() * attn).to(self.dtype), (freqs.sin() * attn).to(self.dtype)
-
-    def _apply(self, fn, recurse=True):  # keep the cache on the module's device/dtype
-        super()._apply(fn, recurse)
-        self._cos, self._sin = fn(self._cos), fn(self._sin)
-        self.dtype = self._cos.dtype
-        return self
-
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [N] int64 -> (cos, sin), each [N, 1, head_dim // 2]."""
-        if positions.device.type == "cpu" and positions.numel():
-            top = int(positions.max()) + 1
-            if top > self._cos.shape[0] or (self.dynamic and top > self.max_position):
-                return self._fresh(positions, top)
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
-
-    def _fresh(self, positions: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dynamic:  # NTK base depends on the longest sequence of this forward (as in transformers)
-            cos, sin = self._table(top, top)
-        else:  # grow the cache once, to a power of two
-            self._cos, self._sin = cos, sin = self._table(1 << (top - 1).bit_length(), None)
-        dev = positions.device
-        return cos.to(dev)[positions].unsqueeze(1), sin.to(dev)[positions].unsqueeze(1)
-
-
-def rotary_halves_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [N, 1, head_dim // 2] -> the operands of ``apply_rotary_halves``: cos [N, 1, 1, head_dim // 2]
-    and the signed sin [N, 1, 2, head_dim // 2] (-sin for the first half, sin for the second). Once per forward."""
-    return cos.unsqueeze(2), torch.stack((-sin, sin), dim=2)
-
-
-def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """``apply_rotary`` in 6 ops instead of 14 (no chunk, no cat), same bits: x [N, heads, 2, head_dim // 2]
-    (the two halves of each head on their own axis), tables of ``rotary_halves_tables``
-    -> new contiguous [N, heads, 2, head_dim // 2]. First half x1 cos + x2 (-sin) = x1 cos - x2 sin,
-    second x2 cos + x1 sin (IEEE: a + (-b) is a - b, and x (-s) is -(x s), exactly)."""
-    return (x * cos).add_(x.flip(2).mul_(signed_sin))
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, head_dim] (last dim contiguous), cos/sin [N, 1, head_dim // 2] -> new [N, heads, head_dim]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 # ---------------------------------------------------------------- tensor-parallel linears
@@ -374,8 +267,8 @@ class VocabParallelEmbedding(nn.Module):
         param.data[n:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [N] int64 -> [N, H]
-        if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+        if self.tp.size == 1:  # the rows copied: F.embedding's bits in 4 ops instead of 7
+            return self.weight[input_ids]
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_loaded)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
@@ -398,7 +291,7 @@ class ParallelLMHead(VocabParallelEmbedding):
                 return None
         if local.shape[-1] != self.num_embeddings:
             local = local[..., : self.num_embeddings]
-        return local.float()
+        return local if local.dtype is torch.float32 else local.float()  # .float() is an op even when a no-op
 
 
 class SwiGLUMLP(nn.Module):
@@ -416,6 +309,7 @@ class SwiGLUMLP(nn.Module):
         gate_up = self.gate_up_proj(x)
         if self.fused_act is not None:
             return self.down_proj(self.fused_act(gate_up))
-        half = gate_up.shape[-1] // 2
-        gate, up = gate_up[..., :half], gate_up[..., half:]  # two slices: 4 ops, chunk is 7
+        n, half = gate_up.shape[0], gate_up.shape[-1] // 2  # gate_up [N, 2I] contiguous: as_strided is 1 op, a slice 2
+        gate = gate_up.as_strided((n, half), (gate_up.stride(0), 1))
+        up = gate_up.as_strided((n, half), (gate_up.stride(0), 1), gate_up.storage_offset() + half)
         return self.down_proj(F.silu(gate).mul_(up))

@@ -19,14 +19,12 @@ from actors.model.layers import (
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
-    RotaryEmbedding,
     RowParallelLinear,
     SwiGLUMLP,
     TPContext,
     VocabParallelEmbedding,
-    apply_rotary_halves,
-    rotary_halves_tables,
 )
+from actors.model.rope import RotaryEmbedding, apply_rotary_halves
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos [N, 1, 1, head_dim // 2], signed sin [N, 1, 2, head_dim // 2]
@@ -60,13 +58,18 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
         if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
             cos, signed_sin = rope  # the kernel takes +sin [N, d / 2] rows of cos's stride: the signed table's second half
-            sin = signed_sin[:, :, 1].contiguous()
+            sin = signed_sin[:, :, 1]  # halves_tables' views of one [N, 3, d / 2] lookup share the row stride
+            if sin.stride(0) != cos.stride(0):
+                cos, sin = cos.contiguous(), sin.contiguous()
             q = self.rope_write_kv(qkv, cos, sin, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
-        qkv = qkv.view(n, h + 2 * kvh, 2, d // 2)  # [N, heads, halves, d / 2]
-        qk = apply_rotary_halves(qkv[:, : h + kvh], *rope).view(n, h + kvh, d)  # q and k rotated together
-        q, k = qk.split((h, kvh), dim=1)
-        v = qkv[:, h + kvh:].view(n, kvh, d)
+        # views by as_strided: one op each, where view + slice/split take 2-4 (qkv [N, (h + 2 kvh) d] is contiguous)
+        row = qkv.stride(0)
+        halves = qkv.as_strided((n, h + kvh, 2, d // 2), (row, d, d // 2, 1))  # q and k: [N, heads, halves, d / 2]
+        qk = apply_rotary_halves(halves, *rope)  # q and k rotated together: new [N, h + kvh, 2, d / 2]
+        q = qk.as_strided((n, h, d), (qk.stride(0), d, 1))
+        k = qk.as_strided((n, kvh, d), (qk.stride(0), d, 1), qk.storage_offset() + h * d)
+        v = qkv.as_strided((n, kvh, d), (row, d, 1), qkv.storage_offset() + (h + kvh) * d)
         write_kv(kv_cache[0], kv_cache[1], k, v, batch.slot_mapping)
         out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
         return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))
@@ -118,7 +121,7 @@ class LlamaForCausalLM(nn.Module):
         if len(kv_caches) < n:
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
         x = self.embed_tokens(batch.input_ids)  # [N, H]
-        rope = rotary_halves_tables(*self.rotary.cos_sin(batch.positions))  # once per forward
+        rope = self.rotary.halves_tables(batch.positions)  # once per forward
         lone = batch.num_tokens == 1 and x.device.type == "cpu"
         if lone:  # oneDNN's products: two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
             batch, x = batch.doubled(), x.expand(2, -1)

@@ -4,7 +4,8 @@ The engine hands over the features of every committed position (``observe``; pre
 each step's root + accepted nodes). ``propose`` first feeds each sequence's newly committed
 entries (x_{t+1}, f_t) into its head cache (catch-up); the last of them already predicts the first
 draft token, and every further depth feeds (drafted token, predicted feature) back in. One batched
-head forward per depth; each sequence keeps a small dense K/V cache of its own.
+head forward per depth for every sequence, its K/V in one paged pool read through the target's
+attention backend (actors/proposers/head_kv.py), replayed as a CUDA graph where the target's are.
 
 An expansion wider than 1 at some depth adds the top-w (greedy) or w sampled tokens as siblings
 and continues the chain from the first. Greedy requests get deterministic drafts; unseeded sampled

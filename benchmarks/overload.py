@@ -97,25 +97,22 @@ async def burst(url: str, concurrency: int, max_tokens: int, timeout_s: float) -
     return result
 
 
-async def _metrics(url: str) -> dict[str, float]:
-    """{sample name with labels: value} of the server's /metrics."""
+async def _metrics(url: str) -> list:
+    """The samples (name, labels, value) of the server's /metrics."""
     import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
 
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return [sample for fam in text_string_to_metric_families(text) for sample in fam.samples]
 
 
-def _sum(metrics: dict[str, float], prefix: str, path: str | None = None) -> float:
-    return sum(v for k, v in metrics.items() if k.startswith(prefix) and (path is None or path in k))
+def _sum(samples: list, name: str, route: str | None = None) -> float:
+    """The sum of the samples named ``name`` (of one ``route`` label when given)."""
+    return sum(s.value for s in samples if s.name == name and (route is None or s.labels.get("route") == route))
 
 
-async def _at_rest(url: str, timeout_s: float = 60.0) -> dict[str, float]:
+async def _at_rest(url: str, timeout_s: float = 60.0) -> list:
     """The metrics once no request runs or waits and KV blocks are back (or after timeout_s)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -123,6 +120,7 @@ async def _at_rest(url: str, timeout_s: float = 60.0) -> dict[str, float]:
         busy = _sum(m, "specray:num_requests_running") + _sum(m, "specray:num_requests_waiting")
         if (busy == 0 and _sum(m, "specray:kv_blocks_used") == 0) or time.monotonic() > deadline:
             return m
+        await asyncio.sleep(0.5)
 
 
 def run(url: str, concurrency: int, rounds: int, max_tokens: int, timeout_s: float) -> tuple[list[BurstResult], list[str]]:
@@ -144,8 +142,8 @@ def run(url: str, concurrency: int, rounds: int, max_tokens: int, timeout_s: flo
     leaked = _sum(after, "specray:kv_blocks_used")
     if leaked:
         problems.append(f"{leaked:.0f} KV blocks still in use at rest")
-    counted = (_sum(after, "specray:http_requests_total", "chat/completions")
-               - _sum(before, "specray:http_requests_total", "chat/completions"))
+    route = "/v1/chat/completions"
+    counted = _sum(after, "specray:http_requests_total", route) - _sum(before, "specray:http_requests_total", route)
     seen = sum(sum(r.answers.values()) for r in results)
     if counted != seen:
         problems.append(f"specray:http_requests_total counted {counted:.0f} chat answers, the client saw {seen}")

@@ -6,21 +6,20 @@
 Each of B sequences has ``--context`` committed features (random: acceptance plays no part in the
 cost); every step commits two more (a root and one accepted draft, as a typical step does), then
 drafts K=5 as a greedy chain (``chain``) and as the default dynamic tree of width 3, 15 nodes
-(``tree``). The time is the median over ``--reps`` steps; ops are counted over one step
+(``tree``). The time is the median over ``--reps`` steps (``step_costs.device_median_s``); ops are counted over one step
 (benchmarks.op_count's counting: every dispatcher call, nested ones included). On CUDA each case
 runs eagerly and with the head's steps as CUDA graphs (``EagleProposer.use_graphs``).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 
 from benchmarks.op_count import count_ops
 from benchmarks.report import md_table
+from benchmarks.step_costs import device_median_s
 
 K, TREE_WIDTH = 5, 3
 
@@ -53,11 +52,6 @@ class DraftLoop:
         return self.proposer.propose(self.reqs)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(proposer_for, batch: int, context: int, hidden: int, vocab: int, device: torch.device,
             reps: int, mode: str) -> list[dict]:
     rows = []
@@ -69,15 +63,9 @@ def measure(proposer_for, batch: int, context: int, hidden: int, vocab: int, dev
         for _ in range(3):
             loop.step()
         counted = count_ops(loop.step, SimpleNamespace(layers=[]), cuda=device.type == "cuda")
-        times = []
-        for _ in range(reps):
-            _sync(device)
-            t0 = time.perf_counter()
-            loop.step()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
+        seconds = device_median_s(loop.step, device, reps)
         rows.append(dict(batch=batch, shape=shape, mode=mode, ops=counted.all_ops, top_ops=counted.top_ops,
-                         launches=counted.launches, ms=1e3 * statistics.median(times)))
+                         launches=counted.launches, ms=1e3 * seconds))
     return rows
 
 

@@ -119,9 +119,8 @@ class EagleHead(nn.Module):
         """h [N, H], positions [N] -> q [N, nh, d], k [N, nkv, d], v [N, nkv, d] (RoPE applied)."""
         c = self.cfg
         n, nh, nkv, d = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = _linear(self.qkv, _rms(h, self.input_norm, c.rms_norm_eps))
-        cos, sin = self.rotary.cos_sin(positions)
-        qk = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), cos.to(h.dtype), sin.to(h.dtype))
+        qkv, cos, sin = self._qkv_tables(h, positions)
+        qk = apply_rotary(qkv[:, : (nh + nkv) * d].view(n, nh + nkv, d), cos, sin)
         q, k = qk.split((nh, nkv), dim=1)
         return q, k, qkv[:, (nh + nkv) * d:].reshape(n, nkv, d)
 
@@ -133,11 +132,14 @@ class EagleHead(nn.Module):
             q, k, v = self.qkv_rope(h, positions)
             write_kv(k_cache, v_cache, k, v, slots)
             return q
-        c = self.cfg
-        qkv = _linear(self.qkv, _rms(h, self.input_norm, c.rms_norm_eps))
+        qkv, cos, sin = self._qkv_tables(h, positions)
+        return self.rope_write_kv(qkv, cos, sin, slots, k_cache, v_cache, self.cfg.num_heads, self.cfg.num_kv_heads)
+
+    def _qkv_tables(self, h: torch.Tensor, positions: torch.Tensor):
+        """h [N, H], positions [N] -> qkv [N, (nh + 2 nkv) d] and RoPE cos, sin [N, 1, d / 2] in h's dtype."""
+        qkv = _linear(self.qkv, _rms(h, self.input_norm, self.cfg.rms_norm_eps))
         cos, sin = self.rotary.cos_sin(positions)
-        return self.rope_write_kv(qkv, cos.to(h.dtype), sin.to(h.dtype), slots, k_cache, v_cache,
-                                  c.num_heads, c.num_kv_heads)
+        return qkv, cos.to(h.dtype), sin.to(h.dtype)
 
     def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """h [N, H] residual input, attn [N, nh * d] -> predicted next feature f̂ [N, H]."""

@@ -180,10 +180,6 @@ class GraphRunner:
         if capture:
             self._capture_all()
 
-    @property
-    def max_tokens(self) -> int:
-        return self.shapes[-1][1] if self.shapes else 0
-
     def bucket(self, chunks) -> tuple[int, int] | None:
         if not self.inputs.fits(chunks):
             return None

@@ -13,21 +13,7 @@ from actors.kv_disk_tier import DiskTier
 from actors.kv_host_pool import HostKVPool, _runs
 from actors.kv_host_tier import DISK_LOAD, EVICT, LOAD, SPILL, BlockCopy
 from actors.model.attention import allocate_kv_cache
-
-A = [5, 6, 7, 8, 9]  # two full blocks of 2 and a last token
-B = [1, 2, 3, 4, 1, 2, 3, 4]
-
-
-def _fill_and_evict(a: KVBlockAllocator) -> list[BlockCopy]:
-    """A's two blocks cached, then B takes every device block: A's blocks leave the device."""
-    a.allocate(1, A)
-    a.commit(1, A, len(A))
-    a.free(1)
-    a.allocate(2, B)
-    out = a.take_copies()
-    a.commit(2, B, len(B))
-    a.free(2)
-    return out
+from tests.test_kv_host_tier import A, B, _fill_and_evict
 
 
 def test_host_overflow_spills_to_disk_before_its_slot_is_reused():

@@ -13,7 +13,8 @@ A = [5, 6, 7, 8, 9]  # two full blocks of 2 and a last token
 B = [1, 2, 3, 4, 1, 2, 3, 4]
 
 
-def _fill_evict_reload(a: KVBlockAllocator) -> list[BlockCopy]:
+def _fill_and_evict(a: KVBlockAllocator) -> list[BlockCopy]:
+    """A's two blocks cached, then B takes every device block: A's blocks leave the device."""
     a.allocate(1, A)
     a.commit(1, A, len(A))
     a.free(1)
@@ -26,7 +27,7 @@ def _fill_evict_reload(a: KVBlockAllocator) -> list[BlockCopy]:
 
 def test_evicted_prefix_is_written_back_and_loaded_on_a_hit():
     a = KVBlockAllocator(4, 2, num_host_blocks=4)
-    evicts = _fill_evict_reload(a)
+    evicts = _fill_and_evict(a)
     assert [c.kind for c in evicts] == [EVICT, EVICT]
     assert a.num_cached_blocks == 4 and a.host.num_blocks == 2  # B on the device, A on the host
     assert a.allocate(3, A) == 4 and a.host_hit_tokens(3) == 4
@@ -41,13 +42,13 @@ def test_evicted_prefix_is_written_back_and_loaded_on_a_hit():
 
 def test_without_host_tier_the_prefix_is_lost():
     a = KVBlockAllocator(4, 2)
-    assert _fill_evict_reload(a) == []
+    assert _fill_and_evict(a) == []
     assert a.allocate(3, A) == 0
 
 
 def test_host_lru_drops_oldest_and_capacity_holds():
     a = KVBlockAllocator(4, 2, num_host_blocks=1)
-    _fill_evict_reload(a)
+    _fill_and_evict(a)
     assert a.host.num_blocks == 1  # A's tail went first, then its head replaced it (LRU)
     assert a.allocate(3, A) == 2  # the head block only
     a.check_invariants()
@@ -56,7 +57,7 @@ def test_host_lru_drops_oldest_and_capacity_holds():
 def test_recomputed_block_supersedes_host_copy():
     """A device registration of a hash the host holds drops the host copy (tiers are exclusive)."""
     a = KVBlockAllocator(4, 2, num_host_blocks=4)
-    _fill_evict_reload(a)
+    _fill_and_evict(a)
     assert a.host.num_blocks == 2
     a.allocate(3, A[:1], extra_tokens=3)  # one prompt token: no lookup; A's blocks generated anew
     a.take_copies()

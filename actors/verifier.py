@@ -15,6 +15,7 @@ from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
 from actors.model.batch import ForwardBatch, HostMeta, to_device
+from actors.model.weight_offload import offload_weights
 
 
 @dataclass(slots=True)
@@ -80,12 +81,16 @@ class Verifier:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype, num_host_blocks: int = 0,
                  enforce_eager: bool = False, max_num_seqs: int = 64, max_model_len: int | None = None,
-                 kv_disk: DiskTierSpec | None = None):
+                 kv_disk: DiskTierSpec | None = None, offload_layers: int = 0):
         """num_host_blocks > 0: a host KV tier of that many blocks (actors/kv_host_pool.py), with
         ``kv_disk`` a disk tier below it (actors/kv_disk_pool.py);
-        max_num_seqs / max_model_len size the graphs' static inputs (default: the whole KV cache)."""
+        max_num_seqs / max_model_len size the graphs' static inputs (default: the whole KV cache);
+        offload_layers > 0: the last that many decoder layers' weights live in host memory and
+        stream in per forward (actors/model/weight_offload.py; the model may be staged on the host,
+        the rest moves to ``device``; no CUDA graphs then)."""
         cfg = model.config
         self.model = model
+        self.weight_offload = offload_weights(model, offload_layers, device)
         self.num_layers = cfg.num_layers
         self.block_size = block_size
         self.device = device
@@ -97,7 +102,7 @@ class Verifier:
             raise ValueError(f"a disk KV tier ({kv_disk.directory!r}) needs a host tier: num_host_blocks >= 1")
         self.host_pool = HostKVPool(self.kv_caches, num_host_blocks, kv_disk) if num_host_blocks else None
         self.graphs = None
-        if not enforce_eager and graphs_usable(model, torch.device(device)) is None:
+        if not enforce_eager and self.weight_offload is None and graphs_usable(model, torch.device(device)) is None:
             from actors.model.graph_runner import CudaGraphRunner
 
             self.graphs = CudaGraphRunner(model, self.kv_caches, block_size, max_num_seqs,

@@ -49,6 +49,8 @@ class ShardSpec:
     # CUDA graphs at tp=1 only for now (a TP group would capture its all-reduces in lockstep)
     enforce_eager: bool = False
     max_num_seqs: int = 64  # sizes the graphs' static inputs
+    offload_layers: int = 0  # weight offload (actors/model/weight_offload.py): this many last layers per rank
+    weights_device_gb: float | None = None  # or: as many as this rank's weights need to fit G GiB
     timeout_s: float = 60.0  # bound on every step's collectives and answers
     start_timeout_s: float = 300.0  # bound on actor start, rendezvous and loading the shards
 
@@ -101,13 +103,17 @@ class VerifierShard:
             _set_pg_timeout(self._timeout(), None)
             tp = TPContext(self.rank, self.world, None)
         from actors.model.loader import load_model
+        from actors.model.weight_offload import offload_layers_for
 
         dtype = _DTYPES[self.spec.dtype]
-        loaded = load_model(self.spec.model, dtype=dtype, device=self.device, tp=tp)
-        set_attention_backend(loaded.model, self.spec.attention_backend, self.device)
-        self.verifier = Verifier(loaded.model, self.spec.num_blocks, self.spec.block_size, self.device, dtype,
-                                 enforce_eager=self.spec.enforce_eager or self.world > 1,
-                                 max_num_seqs=self.spec.max_num_seqs)
+        spec = self.spec
+        staged = (spec.offload_layers or spec.weights_device_gb) and self.device.type != "cpu"  # host first
+        loaded = load_model(spec.model, dtype=dtype, device="cpu" if staged else self.device, tp=tp)
+        set_attention_backend(loaded.model, spec.attention_backend, self.device)
+        self.verifier = Verifier(loaded.model, spec.num_blocks, spec.block_size, self.device, dtype,
+                                 enforce_eager=spec.enforce_eager or self.world > 1, max_num_seqs=spec.max_num_seqs,
+                                 offload_layers=offload_layers_for(spec.offload_layers, spec.weights_device_gb,
+                                                                   loaded.model))
         self.num_layers = loaded.config.num_layers
         self.vocab_size = loaded.config.vocab_size
         if self.rank == 0 and self.world > 1:

@@ -63,6 +63,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-preemption", default="auto", metavar="MODE",
                    help="a preempted request's KV: swap (to the host tier and back; needs --kv-host-gb), recompute, "
                         "or auto (default: swap when the host tier has room and copying is measured cheaper)")
+    p.add_argument("--offload-layers", type=int, default=0, metavar="N",
+                   help="keep the last N decoder layers' weights in host memory and stream them in per forward "
+                        "(a model larger than the device; speculation amortises the transfer; default 0: none)")
+    p.add_argument("--weights-device-gb", type=float, default=None, metavar="G",
+                   help="offload as many layers as needed for the weights to fit G GiB of device memory "
+                        "(instead of --offload-layers)")
     p.add_argument("--draft-overlap", type=int, default=1, metavar="N",
                    help="micro-batches per step so drafter workers overlap verification (with --ray --drafters)")
 
@@ -132,6 +138,8 @@ def engine_config_from_args(args):
                     "disk_gb": getattr(args, "kv_disk_gb", None),
                     "preemption": getattr(args, "kv_preemption", "auto")},
         kv_tier=_kv_tier_from_args(args),
+        offload={"layers": getattr(args, "offload_layers", 0) or 0,
+                 "weights_device_gb": getattr(args, "weights_device_gb", None)},
     )
 
 

@@ -192,6 +192,31 @@ class KVOffloadConfig(BaseModel):
         return self
 
 
+class WeightOffloadConfig(BaseModel):
+    """Weight offload (actors/model/weight_offload.py): the last ``layers`` decoder layers' matrices
+    live in host memory (pinned on CUDA) and stream into two device staging slots as each forward
+    reaches them; or ``weights_device_gb``: offload as many layers as the weights need to fit that
+    many GiB of device memory (staging slots included). The adaptive policy measures the slower
+    forward and drafts deeper to amortise it. CUDA graphs are off while layers are offloaded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = Field(0, ge=0)
+    weights_device_gb: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> WeightOffloadConfig:
+        if self.layers and self.weights_device_gb is not None:
+            raise ValueError(f"offload.layers={self.layers} and offload.weights_device_gb={self.weights_device_gb} "
+                             "both set: give the number of layers (--offload-layers) or the device budget "
+                             "(--weights-device-gb), not both")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.layers) or self.weights_device_gb is not None
+
+
 class KVTierConfig(BaseModel):
     """The shared KV tier across replicas (actors/kv_shared_tier.py): a named Ray actor holding
     prefix-cache blocks in the object store, ``capacity_gb`` of them (LRU). Replicas publish the
@@ -251,3 +276,4 @@ class EngineConfig(BaseModel):
     draft_overlap_micro_batches: int = Field(1, ge=1, le=8)
     kv_offload: KVOffloadConfig = Field(default_factory=KVOffloadConfig)
     kv_tier: KVTierConfig = Field(default_factory=KVTierConfig)
+    offload: WeightOffloadConfig = Field(default_factory=WeightOffloadConfig)

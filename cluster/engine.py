@@ -51,6 +51,7 @@ class LLMEngine:
         the requests of a long-lived server share its engine's), else a fresh one."""
         from actors.model import registry
         from actors.model.loader import load_model
+        from actors.model.weight_offload import offload_layers_for
 
         if registry.is_random(config.model):  # before loading: random:llama-3-8b is 16-32 GB of weights
             raise ValueError(f"model {config.model!r} has random weights and no tokenizer, which the engine needs to "
@@ -61,7 +62,8 @@ class LLMEngine:
         self.device, self.dtype = resolve_device_dtype(config.device, config.dtype)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        loaded = loaded or load_model(config.model, dtype=self.dtype, device=self.device)
+        staged = config.offload.enabled and self.device.type != "cpu"  # on the host; the offloader moves the rest
+        loaded = loaded or load_model(config.model, dtype=self.dtype, device="cpu" if staged else self.device)
         if verifier is None:  # set on every engine: tests share one loaded model between engines
             set_attention_backend(loaded.model, config.attention_backend, self.device)
         if loaded.tokenizer is None:
@@ -76,7 +78,8 @@ class LLMEngine:
         self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
                                              num_host_blocks=num_host, enforce_eager=config.enforce_eager,
                                              max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                             kv_disk=disk)
+                                             kv_disk=disk, offload_layers=offload_layers_for(
+                                                 config.offload.layers, config.offload.weights_device_gb, loaded.model))
         if num_host and getattr(self.verifier, "host_pool", None) is None:
             raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "
                              "this verifier backend has no host tier yet (turn --kv-host-gb off)")
@@ -100,6 +103,8 @@ class LLMEngine:
         self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth, self.drafting.guard)
         if num_host:
             self.metrics.watch_kv_copies(self.verifier.kv_copy_stats)
+        if getattr(self.verifier, "weight_offload", None) is not None:
+            self.metrics.watch_weight_offload(self.verifier.weight_offload.stats)
         self.shared_kv = attach_shared_kv(self) if config.kv_tier.enabled else None  # across replicas
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = eos_ids(loaded.config, self.tokenizer)

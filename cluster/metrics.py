@@ -151,6 +151,10 @@ class EngineMetrics:
         seconds copied between KV tiers per direction (the verifier's ``kv_copy_stats``)."""
         self._state.kv_copies = copies
 
+    def watch_weight_offload(self, stats: Callable[[], dict[str, float]]) -> None:
+        """``weight_offload_*`` read ``stats()`` at scrape time (the verifier's WeightOffloader)."""
+        self._state.weight_offload = stats
+
     def watch_engine_loop(self, alive: Callable[[], bool]) -> None:
         """``engine_up`` reads ``alive()`` at scrape time (the step loop that runs this engine)."""
         self._state.alive = alive
@@ -213,6 +217,7 @@ class _EngineStateCollector:
         self.alive: Callable[[], bool] | None = None
         self.queued: Callable[[], int] | None = None
         self.kv_copies: Callable[[], dict] | None = None
+        self.weight_offload: Callable[[], dict] | None = None
 
     def collect(self) -> Iterable[Metric]:
         s = self.scheduler
@@ -237,6 +242,8 @@ class _EngineStateCollector:
             yield GaugeMetricFamily(P + "process_resident_memory_bytes", "Resident memory of the engine's process",
                                     value=rss)
         yield from self._guard_metrics()
+        if self.weight_offload is not None:
+            yield from _weight_offload_metrics(self.weight_offload())
         stats = self._kv_stats()
         if stats is None:
             return
@@ -277,6 +284,18 @@ class _EngineStateCollector:
         except Exception as e:  # a remote KV service that cannot answer: leave its series out
             log.warning("KV stats unavailable for this scrape: %s", e)
             return None
+
+
+def _weight_offload_metrics(w: dict) -> Iterable[Metric]:
+    """Weight offload (issue 27): layers kept in host memory and what streaming them costs."""
+    yield GaugeMetricFamily(P + "weight_offload_layers", "Decoder layers whose weights live in host memory",
+                            value=w["layers"])
+    yield GaugeMetricFamily(P + "weight_offload_host_bytes", "Bytes of offloaded weights held in host memory",
+                            value=w["host_bytes"])
+    yield CounterMetricFamily(P + "weight_offload_bytes", "Weight bytes copied host to device",
+                              value=w["bytes_copied"])
+    yield CounterMetricFamily(P + "weight_offload_copy_seconds", "Host seconds spent copying weights (CPU: the "
+                              "copies; CUDA: issuing them on the side stream)", value=w["copy_seconds"])
 
 
 def _kv_offload_metrics(stats: dict) -> Iterable[Metric]:

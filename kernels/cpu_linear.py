@@ -56,14 +56,35 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
+def packs(weight: torch.Tensor) -> bool:
+    """Whether products with ``weight`` (and an input of its dtype) read the reordered copy."""
+    return ENABLED and weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] -> a new oneDNN blocked copy (an opaque tensor: copy_ between two works)."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
+
+
+def _version(weight: torch.Tensor) -> int:
+    return -1 if weight.is_inference() else weight._version  # inference tensors keep no version
+
+
+def bind_reordered(weight: torch.Tensor, packed: torch.Tensor) -> None:
+    """Products with ``weight`` read ``packed`` (a ``pack`` of the same shape) from now on, until
+    ``weight`` changes in place: a weight streamed from another tier (actors/model/weight_offload.py)
+    is copied into ``packed`` and never materialised in the plain layout."""
+    weight._specray_onednn = (_version(weight), packed)
+
+
 def reordered(weight: torch.Tensor) -> torch.Tensor:
     """weight [out, in] in oneDNN's blocked layout, made once per weight version and cached on it."""
-    version = -1 if weight.is_inference() else weight._version  # inference tensors keep no version
+    version = _version(weight)
     cached = getattr(weight, "_specray_onednn", None)
     if cached is not None and cached[0] == version:
         return cached[1]
-    with torch.no_grad():
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
+    packed = pack(weight)
     weight._specray_onednn = (version, packed)
     return packed
 

@@ -40,9 +40,11 @@ def _load(model_dir: str, device: str = "cpu"):
 
 def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
                 tree=None, adaptive: bool = False, spec_policy=None, lookup_first: bool = False, tree_width: int = 1,
-                tree_nodes: int | None = None, **cfg):
+                tree_nodes: int | None = None, fresh_model: bool = False, **cfg):
     """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model.
-    Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it)."""
+    Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it).
+    The target is loaded once per session and shared, unless ``fresh_model`` (an engine that
+    changes its model, e.g. offloads its layers)."""
     from cluster.config import EngineConfig, SpeculativeConfig
     from cluster.engine import LLMEngine
 
@@ -59,7 +61,8 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
     cfg.setdefault("dtype", "float32")
     config = EngineConfig(model=str(model_dir), speculative=spec, num_threads=2, **cfg)
     dev = cfg["device"]
-    return LLMEngine(config, loaded=_load(str(model_dir), dev),
+    loaded = (_load.__wrapped__ if fresh_model else _load)(str(model_dir), dev)
+    return LLMEngine(config, loaded=loaded,
                      draft_loaded=_load(str(draft_dir), dev) if draft == "draft" else None, spec_policy=spec_policy)
 
 

@@ -159,6 +159,9 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
                    help="KV cache size of the in-process engine (default: the engine's); high concurrency "
                         "with long prompts needs more, or the scheduler holds requests back")
+    p.add_argument("--offload-layers", type=int, default=0, metavar="N",
+                   help="the in-process target's last N decoder layers stream from host memory per forward "
+                        "(weight offload; default 0)")
     p.add_argument("--json", action="store_true", help="print the JSON document instead of Markdown tables")
 
 
@@ -181,4 +184,5 @@ def check_counts(args) -> None:
 def engine_options(args) -> dict:
     """EngineConfig fields set from the command line (None: the engine's default)."""
     return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb, "dtype": args.dtype,
-            "device": getattr(args, "device", "auto")}
+            "device": getattr(args, "device", "auto"),
+            "offload": {"layers": args.offload_layers} if getattr(args, "offload_layers", 0) else None}

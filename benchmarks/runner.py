@@ -59,6 +59,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     parts += [f"--device {args.device}"] if args.device != "auto" else []
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     parts += [f"--kv-cache-gb {args.kv_cache_gb:g}"] if args.kv_cache_gb else []
+    parts += [f"--offload-layers {args.offload_layers}"] if args.offload_layers else []
     parts += ["--peers"] if args.peers else []
     return " ".join(parts)
 

@@ -60,6 +60,17 @@ def test_memory_bound_high_acceptance_takes_full_depth():
     assert rate > 2 / 0.04
 
 
+def test_streamed_weights_make_the_policy_draft_deeper():
+    """Weight offload (actors/model/weight_offload.py) adds the transfer of the offloaded layers to
+    every forward whatever its size: the same drafts at the same per-token cost go from not worth it
+    (or short) to deep, as SpecInfer's offloading argument says."""
+    gains = np.cumprod(np.full((8, 5), 0.6), axis=1)  # 8 sequences, compute-bound: 2 ms per token
+    draft = lambda n: 0.0002 * n  # noqa: E731
+    depth = [choose_depths(gains, np.full(8, 5), 8, lambda n: 0.01 + stream_s + 0.002 * n, draft)[0].min()
+             for stream_s in (0.0, 0.03, 0.1)]  # seconds of streamed weights per forward
+    assert depth[0] == 0 and 0 < depth[1] < depth[2]
+
+
 def test_expensive_draft_shortens_or_stops_the_chain():
     gains = np.cumprod(np.full((1, 5), 0.7), axis=1)
     flat = lambda n: 0.04  # noqa: E731

@@ -108,3 +108,17 @@ def test_tp1_shard_in_process_equals_verifier(tiny_model_dir):
                                atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="slot 99 is outside"):
         shard.forward([SeqChunk([3], [0], [99], 1, [0])], [0])
+
+
+def test_tp1_shard_streams_offloaded_layers_with_the_same_logits(tiny_model_dir):
+    from actors.model.loader import load_model
+
+    model_dir = tiny_model_dir("llama", seed=0, tie_word_embeddings=False)
+    shard = VerifierShard(ShardSpec(str(model_dir), 1, 16, BS, num_threads=torch.get_num_threads(),
+                                    offload_layers=2), 0)
+    shard.setup()
+    assert shard.verifier.weight_offload.num_layers == 2
+    ref = Verifier(load_model(model_dir).model, 16, BS, torch.device("cpu"), torch.float32)
+    got, _ = shard.forward(_chunks(), [9, 10, 11, 12, 13])
+    assert torch.equal(got, ref.forward_logits(_chunks(), [9, 10, 11, 12, 13]))
+    assert shard.verifier.weight_offload.bytes_copied > 0

@@ -24,14 +24,15 @@ from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
 from actors.spec_policy import SpecPolicy
 from actors.tree import TokenTree
-from actors.verifier import SeqChunk, Verifier
+from actors.verifier import SeqChunk
 from cluster.config import EngineConfig
 from cluster.drafting import DraftPlanner
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
 from cluster.proposers import build_proposer
-from cluster.runtime import kv_blocks_for, kv_tiers_for, resolve_device_dtype, swap_policy_for
+from cluster.runtime import (kv_blocks_for, kv_tiers_for, load_target, local_verifier, resolve_device_dtype,
+                             swap_policy_for)
 from cluster.shared_kv import attach_shared_kv
 from cluster.step_clock import StepClock
 
@@ -49,21 +50,11 @@ class LLMEngine:
         metrics: where this engine's Prometheus metrics go (default: a registry of its own);
         spec_policy: an adaptive policy to go on learning in (a benchmark's engines share one, as
         the requests of a long-lived server share its engine's), else a fresh one."""
-        from actors.model import registry
-        from actors.model.loader import load_model
-        from actors.model.weight_offload import offload_layers_for
-
-        if registry.is_random(config.model):  # before loading: random:llama-3-8b is 16-32 GB of weights
-            raise ValueError(f"model {config.model!r} has random weights and no tokenizer, which the engine needs to "
-                             "encode prompts and decode outputs; random models run only below the engine (the "
-                             "Verifier, as `python -m benchmarks.gpu_bench` does): pass an alias, a local HF model "
-                             "directory or a .gguf file")
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config.device, config.dtype)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        staged = config.offload.enabled and self.device.type != "cpu"  # on the host; the offloader moves the rest
-        loaded = loaded or load_model(config.model, dtype=self.dtype, device="cpu" if staged else self.device)
+        loaded = loaded or load_target(config, self.device, self.dtype)
         if verifier is None:  # set on every engine: tests share one loaded model between engines
             set_attention_backend(loaded.model, config.attention_backend, self.device)
         if loaded.tokenizer is None:
@@ -75,11 +66,8 @@ class LLMEngine:
         spec = config.speculative
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
         num_host, disk = kv_tiers_for(config, loaded.config, self.dtype, verifier is not None, kv is not None)
-        self.verifier = verifier or Verifier(loaded.model, num_blocks, config.block_size, self.device, self.dtype,
-                                             num_host_blocks=num_host, enforce_eager=config.enforce_eager,
-                                             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                             kv_disk=disk, offload_layers=offload_layers_for(
-                                                 config.offload.layers, config.offload.weights_device_gb, loaded.model))
+        self.verifier = verifier or local_verifier(config, loaded.model, self.device, self.dtype, num_blocks,
+                                                   self.max_model_len, num_host, disk)
         if num_host and getattr(self.verifier, "host_pool", None) is None:
             raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "
                              "this verifier backend has no host tier yet (turn --kv-host-gb off)")

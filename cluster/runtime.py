@@ -103,3 +103,31 @@ def swap_policy_for(config, num_host: int, verifier) -> SwapPolicy | None:
     if not num_host or mode == "recompute":
         return None
     return SwapPolicy(mode, verifier.host_pool.block_bytes, verifier.kv_copy_stats)
+
+
+def load_target(config, device: torch.device, dtype: torch.dtype):
+    """The engine's target model with its tokenizer. With weight offload on an accelerator it is
+    loaded on the host: the offloader (actors/model/weight_offload.py) moves all but the streamed
+    layers to the device, so a model larger than the device loads."""
+    from actors.model import registry
+    from actors.model.loader import load_model
+
+    if registry.is_random(config.model):  # before loading: random:llama-3-8b is 16-32 GB of weights
+        raise ValueError(f"model {config.model!r} has random weights and no tokenizer, which the engine needs to "
+                         "encode prompts and decode outputs; random models run only below the engine (the "
+                         "Verifier, as `python -m benchmarks.gpu_bench` does): pass an alias, a local HF model "
+                         "directory or a .gguf file")
+    staged = config.offload.enabled and device.type != "cpu"
+    return load_model(config.model, dtype=dtype, device="cpu" if staged else device)
+
+
+def local_verifier(config, model, device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,
+                   num_host: int, disk: DiskTierSpec | None):
+    """The in-process Verifier of ``model`` as ``config`` asks (KV tiers, graphs, weight offload)."""
+    from actors.model.weight_offload import offload_layers_for
+    from actors.verifier import Verifier
+
+    offload = offload_layers_for(config.offload.layers, config.offload.weights_device_gb, model)
+    return Verifier(model, num_blocks, config.block_size, device, dtype, num_host_blocks=num_host,
+                    enforce_eager=config.enforce_eager, max_num_seqs=config.max_num_seqs,
+                    max_model_len=max_model_len, kv_disk=disk, offload_layers=offload)

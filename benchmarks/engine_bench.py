@@ -19,15 +19,23 @@ from benchmarks.results import RequestRecord, Run, Variant
 from benchmarks.sweep import RunOnce, request_seed
 
 
+WARMUP_BATCH_TOKENS = 32  # per request of a warm-up batch
+
+
 class EngineBackend:
     def __init__(self, model: str, max_tokens: int | None, seed: int | None = 0, warmup: int = 1,
-                 engine_options: dict | None = None):
+                 engine_options: dict | None = None, warmup_batch: bool = False):
         """seed: of the first prompt's sampling (None: sampled requests get no seed); engine_options:
-        EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype, device)."""
+        EngineConfig fields every engine gets (num_threads, kv_cache_gb, dtype, device);
+        warmup_batch: before each measured run, one unmeasured batch at the run's concurrency (the
+        warm-up prompt, ``WARMUP_BATCH_TOKENS`` each): kernels that batch's shapes need are compiled
+        and the adaptive policy has measured costs at that load, as a server in steady state has.
+        Without it a run of a few seconds (a GPU's) also times that learning and compiling."""
         from actors.model.loader import load_model
         from cluster.runtime import resolve_device_dtype
 
         self.model, self.max_tokens, self.seed, self.warmup = model, max_tokens, seed, warmup
+        self.warmup_batch = warmup_batch
         self.engine_options = {k: v for k, v in (engine_options or {}).items() if v is not None}
         self.device, self.dtype = resolve_device_dtype(self.engine_options.get("device", "auto"),
                                                        self.engine_options.get("dtype", "auto"))
@@ -74,11 +82,18 @@ class EngineBackend:
         # neither holds request state between runs (released on finish); the adaptive policy keeps
         # what it measured (costs per forward size, acceptance), as a server's engine does
         proposer, policy = first.proposer, first.spec_policy
-        yield lambda v, prompts, c, t: self._run(self.engine(cfg, proposer, policy), method, v, prompts, c, t)
+        yield lambda v, prompts, c, t: self._run(self.engine(cfg, proposer, policy), method, v, prompts, c, t,
+                                                 warmup_prompt)
 
     def _run(self, engine, method: str, variant: Variant, prompts: list[BenchPrompt], concurrency: int,
-             temperature: float) -> Run:
+             temperature: float, warmup_prompt: BenchPrompt | None = None) -> Run:
         from actors.sampling_params import SamplingParams
+
+        if self.warmup_batch and warmup_prompt is not None:
+            n = min(concurrency, len(prompts))
+            warm = SamplingParams(max_tokens=WARMUP_BATCH_TOKENS, temperature=temperature, ignore_eos=True,
+                                  spec_tokens=None if variant.adaptive else variant.spec_tokens)
+            engine.generate([warmup_prompt.prompt] * n, warm, chat=True, concurrency=n)
 
         params = [SamplingParams(max_tokens=p.budget(self.max_tokens), temperature=temperature,
                                  seed=request_seed(self.seed, i, temperature),

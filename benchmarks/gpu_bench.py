@@ -205,13 +205,15 @@ def default_section(args, device: torch.device, out: Path) -> str:
     path, prompts = select_prompts(None, args.sample, 0)
     _, batch_prompts = select_prompts(None, args.batch_sample, 0)
     options = {"device": str(device), "kv_cache_gb": args.kv_cache_gb if device.type == "cuda" else None}
-    backend = EngineBackend(model, args.max_tokens, 0, 1, options)
+    backend = EngineBackend(model, args.max_tokens, 0, 1, options, warmup_batch=True)  # runs of ~1 s: warm each
     dtype = str(backend.dtype).removeprefix("torch.")
     notes = [f"{model}, {dtype} on {device}; prompts: {path.name}, stratified sample (seed 0) of {len(prompts)} at "
              f"c=1 / batch 1, {len(batch_prompts)} at c=8 and 64 / batch 64; max tokens {args.max_tokens}; greedy",
              "tokens/s = output tokens of the whole set / its wall time; speedup vs specray none at the same "
              "concurrency; specray / peer: specray none (prompt lookup: ngram, not run here) at concurrency = the "
-             "peer's batch"]
+             "peer's batch",
+             "each specray run follows an unmeasured warm-up batch at its concurrency (kernels compiled, the "
+             "adaptive policy's costs measured at that load)"]
     rows, peers = [], []
 
     def save() -> str:

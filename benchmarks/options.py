@@ -151,6 +151,10 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="cap per prompt (default: each prompt's own max_tokens)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up requests per engine")
+    p.add_argument("--warmup-batch", action="store_true",
+                   help="in-process: before each measured run, one unmeasured batch at its concurrency (compiles "
+                        "what its shapes need; the adaptive policy measures costs at that load); on by default "
+                        "in gpu_bench")
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     p.add_argument("--device", default="auto", help="the in-process target's device: auto (CUDA when present), "
                    "cpu, cuda or cuda:N; the transformers peers run there too")

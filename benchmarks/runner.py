@@ -60,6 +60,7 @@ def _command(args, methods: list[str], prompts_path: Path) -> str:
     parts += [f"--dtype {args.dtype}"] if args.dtype != "auto" else []
     parts += [f"--kv-cache-gb {args.kv_cache_gb:g}"] if args.kv_cache_gb else []
     parts += [f"--offload-layers {args.offload_layers}"] if args.offload_layers else []
+    parts += ["--warmup-batch"] if args.warmup_batch else []
     parts += ["--peers"] if args.peers else []
     return " ".join(parts)
 
@@ -72,7 +73,8 @@ def _backend(args):
         return b, [b.server_model]
     from benchmarks.engine_bench import EngineBackend
 
-    return EngineBackend(args.model, args.max_tokens, sampling_seed(args), args.warmup, engine_options(args)), None
+    return EngineBackend(args.model, args.max_tokens, sampling_seed(args), args.warmup, engine_options(args),
+                         warmup_batch=args.warmup_batch), None
 
 
 def cmd_bench(args) -> int:

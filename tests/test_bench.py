@@ -385,3 +385,39 @@ def test_early_exit_peer_puts_the_generation_config_back():
                                                                       ("transformers.early_exit", "layerskip:3", 5)]
     assert vars(config) == {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "heuristic",
                             "assistant_confidence_threshold": 0.4}
+
+
+@pytest.mark.parametrize("warmup_batch", [False, True])
+def test_warmup_batch_runs_one_unmeasured_batch_at_the_runs_concurrency(warmup_batch):
+    """--warmup-batch: before the timed generate, the warm-up prompt once per slot of the run's
+    concurrency (32 tokens each, the run's temperature and K): not timed, not in the records."""
+    from types import SimpleNamespace
+
+    from benchmarks.engine_bench import WARMUP_BATCH_TOKENS, EngineBackend
+    from benchmarks.prompt_set import BenchPrompt
+    from benchmarks.results import Variant
+
+    calls = []
+
+    class FakeEngine:
+        def generate(self, prompts, params, chat, concurrency):
+            calls.append((prompts, params, concurrency))
+            out = SimpleNamespace(num_output_tokens=3, e2e_s=0.1, ttft_s=0.01, num_drafts=0, num_draft_tokens=0,
+                                  num_accepted_tokens=0, accepted_per_pos=[], error=None, finish_reason="length")
+            return [out] * len(prompts)
+
+    backend = EngineBackend.__new__(EngineBackend)  # no model: the run logic only
+    backend.max_tokens, backend.seed, backend.warmup_batch = 8, 0, warmup_batch
+    prompts = [BenchPrompt(f"p{i}", "short_qa", f"question {i}") for i in range(5)]
+    warm = BenchPrompt("w", "short_qa", "warm up")
+    run = backend._run(FakeEngine(), "default", Variant(spec_tokens=4), prompts, 3, 0.0, warm)
+    assert len(run.records) == 5
+    timed = calls[-1]
+    assert timed[0] == [p.prompt for p in prompts] and timed[2] == 3
+    if not warmup_batch:
+        assert len(calls) == 1
+        return
+    assert len(calls) == 2
+    wprompts, wparams, wconc = calls[0]
+    assert wprompts == ["warm up"] * 3 and wconc == 3
+    assert wparams.max_tokens == WARMUP_BATCH_TOKENS and wparams.spec_tokens == 4 and wparams.temperature == 0.0

@@ -1,6 +1,6 @@
 """The GPU figures of issue 26 in one command, one Markdown table per section:
 
-    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|all --out DIR [--device cuda]
+    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|offload|all --out DIR [--device cuda]
 
 - ``8b``: ``random:llama-3-8b`` (bf16) on the Verifier directly: the device's copy bandwidth and the
   bandwidth-bound TPOT it implies, plain decode TPOT at c=1 and the cost of verifying q tokens
@@ -13,7 +13,12 @@
   batch 1 and batch 64);
 - ``host``: host time per engine step by phase (``benchmarks/host_profile.py``);
 - ``draft``: what one drafting call of the default EAGLE head costs, eagerly and with its steps as
-  CUDA graphs (``benchmarks/draft_cost.py``; ``--context``/``--reps`` apply).
+  CUDA graphs (``benchmarks/draft_cost.py``; ``--context``/``--reps`` apply);
+- ``offload``: weight offload (issue 27, ``benchmarks/offload_bench.py``): the SpecInfer curve of
+  ``random:llama-3-8b``, 16 of 32 layers offloaded vs none (CPU: ``random:tiny-8l``, 4 of 8); the
+  default model half offloaded at c=1, plain vs ``--draft default`` trees and transformers with
+  accelerate's CPU offload; a table of the issue's goals. ``--budget-s``: parts of ``default`` and
+  ``offload`` that would start after it are skipped (the GPU harness passes what its budget leaves).
 
 Each section is written when done (the ``default`` one after each part) to DIR/gpu_bench_<stage>.md
 and .json, and DIR/gpu_bench.md / .json gather every section present, so separate invocations (or
@@ -33,13 +38,15 @@ import torch
 
 from benchmarks.report import fmt, machine_info, md_table
 
-STAGES = ("tiny", "8b", "default", "host", "draft")
+STAGES = ("tiny", "8b", "default", "host", "draft", "offload")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
 TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "8b": "8b: random:llama-3-8b on the Verifier",
           "default": "default: the engine vs transformers on the default model",
           "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)",
-          "draft": "draft: one drafting call of the default EAGLE head (benchmarks.draft_cost)"}
+          "draft": "draft: one drafting call of the default EAGLE head (benchmarks.draft_cost)",
+          "offload": "offload: weight offload, the SpecInfer curve and the default model half offloaded "
+                     "(benchmarks.offload_bench)"}
 
 
 # ---------------------------------------------------------------- output
@@ -200,7 +207,6 @@ def default_section(args, device: torch.device, out: Path) -> str:
                              {"model": model, "missing": str(e)})
     from benchmarks.engine_bench import EngineBackend
     from benchmarks.options import select_prompts
-    from benchmarks.results import add_speedups
 
     path, prompts = select_prompts(None, args.sample, 0)
     _, batch_prompts = select_prompts(None, args.batch_sample, 0)
@@ -217,16 +223,32 @@ def default_section(args, device: torch.device, out: Path) -> str:
     rows, peers = [], []
 
     def save() -> str:
-        from benchmarks.peers import PeerResult, attach_ratios
-
-        add_speedups(rows)
-        objs = [PeerResult(**p) for p in peers]
-        attach_ratios(objs, rows)
-        peers[:] = [p.to_dict() for p in objs]
+        _ratios(rows, peers)
         data = {"model": model, "device": str(device), "notes": notes, "runs": rows, "peers": peers}
         return write_section(out, "default", md_table(DEFAULT_HEAD, default_rows(rows, peers)), data, notes)
 
-    for part in default_parts(args, backend, model, device, prompts, batch_prompts):
+    return run_parts(args, default_parts(args, backend, model, device, prompts, batch_prompts), notes, rows, peers,
+                     save)
+
+
+def _ratios(rows: list[dict], peers: list[dict]) -> None:
+    """Speedups vs plain and specray/peer ratios, in place (peers stay dicts)."""
+    from benchmarks.peers import PeerResult, attach_ratios
+    from benchmarks.results import add_speedups
+
+    add_speedups(rows)
+    objs = [PeerResult(**p) for p in peers]
+    attach_ratios(objs, rows)
+    peers[:] = [p.to_dict() for p in objs]
+
+
+def run_parts(args, parts: list, notes: list[str], rows: list[dict], peers: list[dict], save) -> str:
+    """Run ``parts`` in order (each returns (bench rows, peer dicts)), ``save()`` after each; a part
+    that fails is a note and the next still runs; none starts once ``--budget-s`` is spent."""
+    md = None
+    for part in parts:
+        if out_of_time(args, notes):
+            return save()
         try:
             new_rows, new_peers = part()
         except Exception as e:  # noqa: BLE001  one part failing leaves the others' rows
@@ -236,7 +258,7 @@ def default_section(args, device: torch.device, out: Path) -> str:
         rows += new_rows
         peers += new_peers
         md = save()
-    return md
+    return md if md is not None else save()
 
 
 def default_parts(args, backend, model: str, device: torch.device, prompts, batch_prompts) -> list:
@@ -261,6 +283,32 @@ def default_parts(args, backend, model: str, device: torch.device, prompts, batc
         parts.append(peer(lambda: compiled_peers(model, prompts, args.max_tokens, device, batches=(1,))))
         parts.append(peer(lambda: compiled_peers(model, batch_prompts, args.max_tokens, device, batches=(64,))))
     return parts
+
+
+def out_of_time(args, notes: list[str]) -> bool:
+    """Whether ``--budget-s`` is spent (then a note says the remaining parts were skipped)."""
+    deadline = getattr(args, "deadline", None)
+    if deadline is None or time.monotonic() < deadline:
+        return False
+    notes.append(f"the remaining parts were skipped: --budget-s {args.budget_s:g} was spent")
+    return True
+
+
+def offload_section(args, device: torch.device, out: Path) -> str:
+    """The SpecInfer curve on a random model, then the default model half offloaded through the
+    engine and its accelerate peer (benchmarks/offload_bench.py), each part written when done."""
+    from benchmarks import offload_bench as ob
+
+    curve, parts, notes = ob.stage_parts(args, device)
+    rows, peers = [], []
+
+    def save() -> str:
+        _ratios(rows, peers)
+        engine = md_table(DEFAULT_HEAD, default_rows(rows, peers)) if rows or peers else None
+        table = ob.stage_markdown(curve.get("doc"), engine, ob.goal_rows(curve.get("doc"), rows, peers))
+        return write_section(out, "offload", table, {"curve": curve.get("doc"), "runs": rows, "peers": peers}, notes)
+
+    return run_parts(args, parts, notes, rows, peers, save)
 
 
 def host_section(args, device: torch.device, out: Path) -> str:
@@ -298,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-sample", type=int, default=64, help="default: prompts at c=8 and 64 (and batch 64)")
     ap.add_argument("--max-tokens", type=int, default=128, help="default: output cap per prompt")
     ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="default: the engine's KV cache on CUDA")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="default/offload: skip the parts that would start after this many seconds")
     ap.add_argument("--peers", choices=("all", "eager", "none"), default="all",
                     help="default: transformers peers: all (eager, prompt lookup and, on CUDA, static cache + "
                          "compile), eager, or none")
@@ -321,6 +371,8 @@ def _check(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     if args.copy_mb is not None and args.copy_mb < 1:
         raise ValueError(f"--copy-mb {args.copy_mb}: must be at least 1")
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise ValueError(f"--budget-s {args.budget_s}: must be above 0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"gpu_bench: error: {e}", file=sys.stderr)
         return 2
+    args.deadline = time.monotonic() + args.budget_s if args.budget_s else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in stages:
@@ -346,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                                {"skipped": f"needs CUDA, not {device}"})
         else:
             try:
-                sections = {"default": default_section, "host": host_section, "draft": draft_section}
+                sections = {"default": default_section, "host": host_section, "draft": draft_section,
+                            "offload": offload_section}
                 md = (sections[name](args, device, out) if name in sections else model_section(name, args, device, out))
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
                 traceback.print_exc()

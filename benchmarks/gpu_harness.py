@@ -195,7 +195,9 @@ def run_bench(report: Report, stage: str, extra: list[str], env: dict, timeout: 
     if timeout < 10:
         raise Skip(f"no time left ({timeout:.0f} s)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "benchmarks.gpu_bench", "--stage", stage, "--out", str(out_dir), *extra]
+    # --budget-s: gpu_bench starts no part it cannot finish before this call is killed (--bench may override)
+    cmd = [sys.executable, "-m", "benchmarks.gpu_bench", "--stage", stage, "--out", str(out_dir),
+           "--budget-s", f"{max(timeout - 30, 1):.0f}", *extra]
     rc = run_logged(cmd, env, timeout, out_dir / "bench.log")
     mds = sorted(out_dir.glob("*.md"))
     body = "\n\n".join(p.read_text(errors="replace") for p in mds) or \
@@ -224,6 +226,15 @@ def sub_env(repo: Path, site: Path, state: Path, has_default: bool) -> dict:
     return env | ({"SPECRAY_GPU_HAS_DEFAULT": "1"} if has_default else {})
 
 
+NO_FILES_STAGES = {"tiny", "8b", "offload"}  # run without the default model (offload notes its missing rows)
+
+
+def bench_stage(requested: str, has_default: bool) -> str:
+    """The gpu_bench stages to run: as requested, or ``8b`` when the default model is absent and a
+    requested stage needs it."""
+    return requested if has_default or set(requested.split(",")) <= NO_FILES_STAGES else "8b"
+
+
 def device(args: argparse.Namespace) -> int:
     """Every device stage in order under one time budget; writes the results file. Exit 0 if all ran ok."""
     deadline = time.monotonic() + args.budget_s
@@ -237,7 +248,7 @@ def device(args: argparse.Namespace) -> int:
     sys.path[:0] = [str(repo), str(site)]
     has_default = has_default_model()
     env = sub_env(repo, site, state, has_default)
-    stage = args.stage if has_default or set(args.stage.split(",")) <= {"tiny", "8b"} else "8b"  # 8b needs no files
+    stage = bench_stage(args.stage, has_default)
     if stage != args.stage:
         report.sections.append(f"Default model absent: the benchmark ran `--stage {stage}` instead of `{args.stage}`.")
     report.sections.append(machine_info(env))
@@ -262,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path(".gpu"))
     p.add_argument("--part-mb", type=float, default=48.0, help="largest model part, MiB (one part per call)")
     d = sub.add_parser("device", help="GPU machine: install, reassemble, run the gpu tests and benchmark")
-    d.add_argument("--stage", default="all", help="gpu_bench stages: tiny, 8b, default, host (comma-separated) or all")
+    d.add_argument("--stage", default="all",
+                   help="gpu_bench stages: tiny, 8b, default, host, draft, offload (comma-separated) or all")
     d.add_argument("--results", type=Path, help="results markdown (default $OUT/gpu_results.md)")
     d.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for the whole call")
     d.add_argument("--tests-s", type=float, default=240.0, help="most of the budget the tests may use")

@@ -112,6 +112,48 @@ def run_peers(model: str, prompts: list[BenchPrompt], max_tokens: int | None, me
     return results
 
 
+ACCELERATE_PEER = "transformers.accelerate_offload"
+
+
+def offload_device_map(num_layers: int, offloaded: int, device: torch.device | str) -> dict[str, int | str]:
+    """A transformers ``device_map`` with the last ``offloaded`` decoder layers on "cpu" (accelerate
+    keeps their weights in host memory and moves them to the execution device every forward: its CPU
+    offload) and everything else on ``device`` (the layers specray offloads are the last ones too)."""
+    device = torch.device(device)
+    main = "cpu" if device.type == "cpu" else (device.index or 0)
+    layers = {f"model.layers.{i}": "cpu" if i >= num_layers - offloaded else main for i in range(num_layers)}
+    return {"model.embed_tokens": main, "model.rotary_emb": main, **layers, "model.norm": main, "lm_head": main}
+
+
+def accelerate_offload_peer(model: str, prompts: list[BenchPrompt], max_tokens: int | None, offloaded: int,
+                            device: str | torch.device) -> PeerResult:
+    """transformers ``generate`` (greedy, batch 1) with the last ``offloaded`` decoder layers offloaded
+    by accelerate (``device_map``): the peer of specray's weight offload on the same prompts. CUDA
+    only (on CPU every layer already lives where it runs), and only with ``accelerate`` installed."""
+    import importlib.util
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from actors.model.loader import resolve_model_dir
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return PeerResult(ACCELERATE_PEER, BASELINE, None, note=f"skipped on {device.type}: CPU offload moves "
+                          "weights from host memory to a GPU (needs CUDA)")
+    if importlib.util.find_spec("accelerate") is None:
+        return PeerResult(ACCELERATE_PEER, BASELINE, None, note="skipped: accelerate is not installed (transformers "
+                          "needs it for a device_map)")
+    tokenizer, encoded, budgets = encode_prompts(model, prompts, max_tokens)
+    path = str(resolve_model_dir(model))
+    num_layers = AutoConfig.from_pretrained(path).num_hidden_layers
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                  device_map=offload_device_map(num_layers, offloaded, device)).eval()
+    result = _result(ACCELERATE_PEER, BASELINE, None, *_timed_generate(target, encoded, budgets,
+                                                                        tokenizer.eos_token_id))
+    result.note = f"{offloaded} of {num_layers} decoder layers on cpu (device_map), moved to {device} every forward"
+    return result
+
+
 def encode_prompts(model: str, prompts: list[BenchPrompt], max_tokens: int | None):
     """(tokenizer, token ids of each prompt as the engine encodes it (chat template), output budgets)."""
     from actors.model.loader import load_tokenizer, resolve_model_dir

@@ -6,9 +6,10 @@ imports ``llm``/``llama_cpp``, which we do not need.
 
 ``random:<shape>`` names a model of a known shape with random weights and no files at all (no
 config.json, weights or tokenizer): ``random:llama-3-8b`` measures a large target's step costs on a
-GPU without downloading it, ``random:tiny`` is its test-sized twin. ``loader.load_model`` builds
-it on the target device; it has no tokenizer, so it runs only where token ids go in directly
-(``benchmarks/gpu_bench.py`` drives the Verifier), never through the engine.
+GPU without downloading it, ``random:tiny`` is its test-sized twin (``random:tiny-8l``: 8 layers, enough
+for offloaded layers to stream). ``loader.load_model`` builds it on the target device; it has no
+tokenizer, so it runs only where token ids go in directly (``benchmarks/gpu_bench.py`` drives the
+Verifier), never through the engine.
 """
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ _RANDOM_SHAPES: dict[str, dict] = {
                        eos_token_ids=(128001,)),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=2048, tie_word_embeddings=False),
+    # tiny with 8 layers: half of them offloaded stream every forward (2 staging slots keep <= 2 resident)
+    "tiny-8l": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8, num_heads=4, num_kv_heads=2,
+                    head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=2048, tie_word_embeddings=False),
 }
 
 

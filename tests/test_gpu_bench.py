@@ -4,6 +4,7 @@ and its missing-model row, and the CUDA-only peers' CPU behaviour (skipped with 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import gpu_bench
-from benchmarks import step_costs as sc
+if not torch.cuda.is_available():  # before any kernel module is imported (the attention bench's kernels)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from benchmarks import gpu_bench  # noqa: E402
+from benchmarks import step_costs as sc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_ARGS = ["--decode-steps", "2", "--reps", "1", "--context", "32", "--copy-mb", "4"]
@@ -219,7 +223,7 @@ _TRITON_CHECK = """
 import sys, torch
 from actors.model.attention_backends import set_attention_backend
 from actors.model.loader import load_model
-from benchmarks import step_costs as sc
+from benchmarks import step_costs as sc  # noqa: E402
 fused = sys.argv[1] == "fused"
 out = []
 for backend in ("torch", "triton"):
@@ -255,7 +259,7 @@ import torch
 from actors.model.attention_backends import set_attention_backend
 from actors.model.graph_runner import CudaGraphRunner
 from actors.model.loader import load_model
-from benchmarks import step_costs as sc
+from benchmarks import step_costs as sc  # noqa: E402
 out = []
 for padded in (False, True):
     model = load_model("random:tiny").model
@@ -322,9 +326,6 @@ def test_tp_estimate_arithmetic():
 def test_attention_bench_runs_and_agrees(monkeypatch):
     """benchmarks.attention_bench on tiny shapes (CPU, Triton interpreted): every column measured, and
     the three implementations it times compute the same attention for a decode batch and a tree."""
-    import os
-
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     from actors.model.attention import paged_attention
     from actors.model.attention_backends import triton_paged_attention
     from benchmarks import attention_bench as ab

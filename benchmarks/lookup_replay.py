@@ -94,8 +94,8 @@ def lookup_first(ngram: NgramProposer, merge_head: bool = False):
 
 VARIANTS = {
     "head alone": lambda tokens, head: (head, True),
-    "lookup 2-4, K-chain (default before)": lookup_first(NgramProposer(2, 4)),
-    "lookup 2-16, K-chain (default-chain)": lookup_first(NgramProposer(2, 16)),
+    "lookup 2-4, K-chain (default-chain, the default before)": lookup_first(NgramProposer(2, 4)),
+    "lookup 2-16, K-chain": lookup_first(NgramProposer(2, 16)),
     "lookup 2-4, fills 2 nodes/depth": lookup_first(NgramProposer(2, 4, width=2)),
     "lookup 2-16, fills 2 nodes/depth (default)": lookup_first(NgramProposer(2, 16, width=2)),
     "lookup 2-16, fills 3 nodes/depth": lookup_first(NgramProposer(2, 16, width=3)),

@@ -33,7 +33,8 @@ class SpeculativeConfig(BaseModel):
     proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head).
     ``lookup_width``: draft nodes per depth that such a lookup draft reserves and fills, at most
     ``tree_width`` and within ``tree_nodes`` (NgramProposer's width: farther along a copied text,
-    and a second continuation); 1 = a chain of K (``--draft default-chain``).
+    and a second continuation, matching suffixes of up to 16 tokens); 1 = a chain of K after a match of
+    up to ``ngram_max`` tokens (``--draft default-chain``: the default before issue 29).
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
     likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/proposers/dynamic_tree.py);
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,

@@ -166,6 +166,7 @@ def test_lookup_first_fills_the_trees_budget_losslessly(lookup_width, tiny_targe
     continues its match that far (deeper than K), never past the request's room; width 1: K-chains."""
     eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=3, lookup_first=True,
                       max_num_batched_tokens=32)
+    assert (eng.proposer.first.n_min, eng.proposer.first.n_max, eng.proposer.first.width) == (2, 16, 2)
     eng.proposer.first.width = lookup_width
     seen = _record_trees(eng.proposer.first)
     outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=3)

@@ -17,7 +17,7 @@ def test_score_replays_lookup_and_falls_back_to_the_recorded_head():
            "steps": [[0, 15, [6, 99], [-1, 0]],  # "5 6" recurs: lookup drafts 7 8 ...
                      [0, 3, [7, 8], [-1, 0]]]}  # nothing recurs yet: the head's tree (8: right)
     s = score(rec)
-    before = s["lookup 2-4, K-chain (default before)"]["all"]
+    before = s["lookup 2-4, K-chain (default-chain, the default before)"]["all"]
     filled = s["lookup 2-16, fills 2 nodes/depth (default)"]["all"]
     assert before[:3] == [2, 5 + 1, 5 + 1] and before[3] == 1
     assert filled[:3] == [2, 10 + 1, 10 + 1]  # the copy goes on past K, within the 10 nodes

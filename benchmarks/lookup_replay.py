@@ -1,14 +1,15 @@
 """How prompt-lookup variants would draft on a recorded ``--draft default`` greedy run, without the target.
 
-    python -m benchmarks.lookup_replay record [--prompts bench500,heldout] [--sample 24] [--threads 1] --out DIR
+    python -m benchmarks.lookup_replay record [--prompts bench500,heldout] [--sample 24] [--threads 1]
+                                              [--draft default-chain] --out DIR
     python -m benchmarks.lookup_replay score DIR
 
-``record`` runs ``--draft default`` (K=5, the engine's 10-node dynamic tree, greedy, c=1, one engine
-per set) over a stratified sample and at every drafting step also asks the EAGLE head for its tree,
-whoever drafts: DIR/<set>.json holds each prompt's category and prompt + output token ids, and per
-step the context length and the head's tree. ``score`` replays each variant at those steps: its
-tree (the head's where lookup finds nothing), how much of it the target's greedy output accepts,
-and the draft nodes it verifies. Tokens per step = 1 + accepted, which for the variant that made
+``record`` runs ``--draft default`` or ``default-chain`` (K=5, the engine's 10-node dynamic tree,
+greedy, c=1, one engine per set) over a stratified sample and at every drafting step also asks the
+EAGLE head for its tree, whoever drafts: DIR/<set>.json holds each prompt's category and prompt +
+output token ids, and per step the context length and the head's tree. ``score`` replays each
+variant at those steps: its tree (the head's where lookup finds nothing), how much of it the
+target's greedy output accepts, and the draft nodes it verifies. Tokens per step = 1 + accepted, which for the variant that made
 the run is its mean accepted length. The steps are the recorded run's: a variant that accepts more
 would take fewer, larger steps, so this ranks variants cheaply; ``specray bench`` measures them.
 """
@@ -29,8 +30,8 @@ from actors.tree import TokenTree, merge_trees, truncate_tree
 K, NODES = 5, 10  # the recorded run's chain depth and the dynamic tree's node cap
 
 
-def record(prompts: list, threads: int | None) -> dict:
-    """One ``--draft default`` greedy run over ``prompts`` (BenchPrompts, c=1) with the head's tree
+def record(prompts: list, threads: int | None, draft: str = "default") -> dict:
+    """One ``--draft {draft}`` greedy run over ``prompts`` (BenchPrompts, c=1) with the head's tree
     recorded at every drafting step."""
     import dataclasses
 
@@ -38,7 +39,7 @@ def record(prompts: list, threads: int | None) -> dict:
     from benchmarks.results import Variant
 
     backend = EngineBackend("smollm2-135m", None, engine_options={"num_threads": threads})
-    engine = backend.engine(backend.config("default", (Variant(spec_tokens=K, tree_width=3, tree_nodes=NODES),)))
+    engine = backend.engine(backend.config(draft, (Variant(spec_tokens=K, tree_width=3, tree_nodes=NODES),)))
     fallback, steps, contexts = engine.proposer, [], {}
 
     def recording(reqs: list[DraftRequest]):
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sample", type=int, default=24)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--draft", default="default", choices=("default", "default-chain"))
     r.add_argument("--out", required=True)
     s = sub.add_parser("score")
     s.add_argument("dir")
@@ -149,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
 
         Path(args.out).mkdir(parents=True, exist_ok=True)
         for label, _, items in select_prompt_sets(args.prompts, args.sample, args.seed):
-            (Path(args.out) / f"{label}.json").write_text(json.dumps(record(items, args.threads)))
+            (Path(args.out) / f"{label}.json").write_text(json.dumps(record(items, args.threads, args.draft)))
         return 0
     for f in sorted(Path(args.dir).glob("*.json")):
-        print(f"tokens per step (1 + accepted) at the recorded steps of {f.stem}\n\n{table(f.stem, score(json.loads(f.read_text())))}\n")
+        scores = score(json.loads(f.read_text()))
+        print(f"tokens per step (1 + accepted) at the recorded steps of {f.stem}\n\n{table(f.stem, scores)}\n")
     return 0
 
 

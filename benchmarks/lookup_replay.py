@@ -9,9 +9,10 @@ greedy, c=1, one engine per set) over a stratified sample and at every drafting 
 EAGLE head for its tree, whoever drafts: DIR/<set>.json holds each prompt's category and prompt +
 output token ids, and per step the context length and the head's tree. ``score`` replays each
 variant at those steps: its tree (the head's where lookup finds nothing), how much of it the
-target's greedy output accepts, and the draft nodes it verifies. Tokens per step = 1 + accepted, which for the variant that made
-the run is its mean accepted length. The steps are the recorded run's: a variant that accepts more
-would take fewer, larger steps, so this ranks variants cheaply; ``specray bench`` measures them.
+target's greedy output accepts, and the draft nodes it verifies. Tokens per step = 1 + accepted,
+which for the variant that made the run is its mean accepted length. The steps are the recorded
+run's: a variant that accepts more would take fewer, larger steps, so this ranks variants
+cheaply; ``specray bench`` measures them.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from benchmarks.prompt_set import BenchPrompt, default_prompts_path, load_prompt_set, stratified_sample
 from benchmarks.results import BASELINE
 
-BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "eagle", "eagle:PATH", "default:PATH")
+BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "default-chain", "eagle", "eagle:PATH", "default:PATH")
 
 
 def parse_int_list(flag: str, text: str, minimum: int = 1) -> list[int]:

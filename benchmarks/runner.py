@@ -25,7 +25,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--draft", default=None, metavar="M1,M2,...",
                    help="methods: none | ngram | layerskip:N | default (prompt lookup where the text repeats, "
                         "the committed EAGLE head elsewhere) | eagle (that head alone) | eagle:PATH | "
-                        "default:PATH (prompt lookup, then that head) | "
+                        "default:PATH (prompt lookup, then that head) | default-chain (lookup as K-token chains) | "
                         "draft model (default: ngram,default); "
                         "the no-speculation baseline is always measured")
     b.add_argument("--temperature", default="0", metavar="T1,T2,...",

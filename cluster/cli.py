@@ -24,7 +24,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF dir or .gguf file")
     p.add_argument("--draft", default="none", help="none | ngram | layerskip:N | default (prompt lookup where the "
                    "text repeats, the model's committed EAGLE head elsewhere) | eagle (that head alone) | eagle:PATH "
-                   "(an EAGLE head file) | default:PATH (prompt lookup, then that head file) | path of a draft model")
+                   "(an EAGLE head file) | default:PATH (prompt lookup, then that head file) | default-chain (default with lookup "
+                   "drafting K-token chains instead of filling the head's node budget) | path of a draft model")
     p.add_argument("--spec-tokens", type=int, default=5, help="K: draft tokens per step (chain)")
     p.add_argument("--tree", default=None, help="expansion config, e.g. 1,1,3,1,1 (replaces the chain)")
     p.add_argument("--tree-width", type=int, default=None, metavar="W",

@@ -17,7 +17,9 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
 
 
-EAGLE_DRAFTS = ("default", "eagle")  # --draft names of the committed head (default: prompt lookup first)
+# --draft names of the committed head (default: prompt lookup first; default-chain: the same with
+# lookup drafting K-token chains, as before issue 29, see SpeculativeConfig.lookup_width)
+EAGLE_DRAFTS = ("default", "default-chain", "eagle")
 EAGLE_DRAFT_PREFIXES = ("eagle:", "default:")  # the same with a head file: eagle:PATH, default:PATH
 
 
@@ -29,6 +31,10 @@ class SpeculativeConfig(BaseModel):
     ``eagle_head``: an EAGLE head file (actors/eagle); None = the head committed for the model.
     ``lookup_first``: draft by prompt lookup where a suffix of >= 2 tokens recurs and by the
     proposer of ``method`` elsewhere (``--draft default``: lookup, then the committed EAGLE head).
+    ``lookup_width``: draft nodes per depth that such a lookup draft reserves and fills, at most
+    ``tree_width`` and within ``tree_nodes`` (NgramProposer's width: farther along a copied text,
+    and a second continuation, matching suffixes of up to 16 tokens); 1 = a chain of K after a match of
+    up to ``ngram_max`` tokens (``--draft default-chain``: the default before issue 29).
     ``tree_width`` > 1 (EAGLE only): instead of a chain, a dynamic tree keeping the ``tree_width``
     likeliest candidates per depth, up to ``tree_width`` x K nodes (actors/proposers/dynamic_tree.py);
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
@@ -46,6 +52,7 @@ class SpeculativeConfig(BaseModel):
     draft_model: str | None = None
     eagle_head: str | None = None
     lookup_first: bool = False
+    lookup_width: int = Field(2, ge=1, le=8)
     ngram_min: int = Field(1, ge=1)
     ngram_max: int = Field(4, ge=1)
     tree_width: int | None = Field(None, ge=1, le=8)
@@ -120,7 +127,8 @@ class SpeculativeConfig(BaseModel):
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in EAGLE_DRAFTS:
-            return cls(method="eagle", lookup_first=draft == "default", **kw)
+            return cls(method="eagle", lookup_first=draft != "eagle", lookup_width=1 if draft == "default-chain" else 2,
+                       **kw)
         if draft.startswith(EAGLE_DRAFT_PREFIXES):
             kind, _, path = draft.partition(":")
             if not path.strip():

@@ -133,7 +133,8 @@ class DraftPlanner:
             cands = self._adapt_depths(scheduled, cands)
         return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
                              min(s.num_spec, self._draft_nodes(s.seq, exp)),
-                             s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id])
+                             s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id],
+                             self._depth_room(s.seq))
                 for s, exp in cands]
 
     @staticmethod
@@ -240,10 +241,15 @@ class DraftPlanner:
     def _expansion_for(self, seq: Sequence, max_nodes: int | None) -> list[int]:
         k = seq.params.spec_tokens
         exp = [1] * k if k is not None else self.spec.expansion[: self._cap(seq)]
-        exp = exp[: max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)]
+        exp = exp[: self._depth_room(seq)]
         while max_nodes is not None and exp and expansion_num_nodes(exp) > max_nodes:
             exp = exp[:-1]
         return exp
+
+    def _depth_room(self, seq: Sequence) -> int:
+        """Draft positions ``seq``'s max_tokens and the context leave room for (the bonus token
+        needs one more)."""
+        return max(0, min(seq.remaining_tokens, self.max_model_len - seq.num_tokens) - 1)
 
     def _draft_nodes(self, seq: Sequence, exp: list[int]) -> int:
         """Draft nodes that ``seq``'s draft of expansion ``exp`` verifies at most."""

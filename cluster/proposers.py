@@ -24,6 +24,9 @@ from cluster.tokenizer_check import check_draft_tokenizer, check_tokenizers_comp
 # 24 bench500 prompts, c=1, adaptive (benchmarks/ARCHIVE.md): 2 -> 28.03 tok/s, 1 -> 28.10 (equal within
 # noise); 2 leaves the head the positions where a single repeated token predicts little
 LOOKUP_FIRST_MIN_MATCH = 2
+# ... and, where it fills the head's node budget (lookup_width > 1), matches suffixes of up to this many
+# tokens: the longest match is the likeliest to go on for ten tokens (width 1: ngram_max, as before)
+LOOKUP_FILL_MAX_MATCH = 16
 
 
 def build_proposer(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=None) -> Proposer:
@@ -31,7 +34,9 @@ def build_proposer(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=N
     LoadedModel to reuse as the draft model (tests load once)."""
     proposer = _build_method(spec, ctx, draft_loaded)
     if spec.lookup_first and spec.method != "ngram":
-        lookup = NgramProposer(max(spec.ngram_min, LOOKUP_FIRST_MIN_MATCH), max(spec.ngram_max, LOOKUP_FIRST_MIN_MATCH))
+        width = min(spec.lookup_width, spec.tree_width)  # within what the head reserves
+        n_max = max(spec.ngram_max, LOOKUP_FILL_MAX_MATCH if width > 1 else LOOKUP_FIRST_MIN_MATCH)
+        lookup = NgramProposer(max(spec.ngram_min, LOOKUP_FIRST_MIN_MATCH), n_max, width=width)
         return FallbackProposer(lookup, proposer)
     return proposer
 

@@ -159,6 +159,27 @@ def test_greedy_trees_are_lossless_and_bounded(adaptive, lookup_first, tiny_targ
     assert not head.states
 
 
+@pytest.mark.parametrize("lookup_width", [1, 2])
+def test_lookup_first_fills_the_trees_budget_losslessly(lookup_width, tiny_target_dir, tiny_head, tiny_prompts,
+                                                        tiny_baseline):
+    """``--draft default``'s lookup asks for lookup_width nodes per depth, as the head's tree does, and
+    continues its match that far (deeper than K), never past the request's room; width 1: K-chains."""
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=3, lookup_first=True,
+                      max_num_batched_tokens=32)
+    assert (eng.proposer.first.n_min, eng.proposer.first.n_max, eng.proposer.first.width) == (2, 16, 2)
+    eng.proposer.first.width = lookup_width
+    seen = _record_trees(eng.proposer.first)
+    outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=3)
+    assert [o.token_ids for o in outs] == tiny_baseline
+    drafted = [(r, t) for r, t in seen if t.num_draft_tokens]
+    assert drafted, "lookup never drafted"
+    assert all(t.num_draft_tokens <= r.max_nodes and t.max_depth <= r.depth_limit for r, t in drafted)
+    assert all(r.max_nodes == lookup_width * len(r.expansion) for r, _ in drafted)
+    deepest = max(t.max_depth for _, t in drafted)
+    assert deepest > 3 if lookup_width > 1 else deepest == 3
+    assert any(r.depth_limit < 2 * len(r.expansion) for r, _ in seen), "no request near its max_tokens"
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_a_node_cap_bounds_trees_and_keeps_them_lossless(adaptive, tiny_target_dir, tiny_head, tiny_prompts,
                                                          tiny_baseline):

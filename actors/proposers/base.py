@@ -51,10 +51,17 @@ class DraftRequest:
     params: SamplingParams
     generator: torch.Generator | None
     block_table: list[int]  # target block table, covering positions up to len(token_ids)-1+max_nodes
+    # deepest draft the request's max_tokens and the context leave room for; None: len(expansion)
+    max_depth: int | None = None
 
     @property
     def root_position(self) -> int:
         return len(self.token_ids) - 1
+
+    @property
+    def depth_limit(self) -> int:
+        """How deep a draft may go: ``max_depth``, or the expansion's depth where none was given."""
+        return len(self.expansion) if self.max_depth is None else self.max_depth
 
     @staticmethod
     def make_dummy(token_ids: list[int], k: int = 3) -> "DraftRequest":

@@ -10,14 +10,25 @@ from actors.tree import TokenTree, merge_trees, truncate_tree
 class NgramProposer(Proposer):
     """Prompt lookup: find the longest suffix (``n_max`` down to ``n_min`` tokens) that occurred
     earlier in prompt + output and propose what followed it. Width > 1 at depth 1 proposes the
-    continuations of several distinct earlier matches (most recent first)."""
+    continuations of several distinct earlier matches (most recent first).
+
+    ``width`` > 1 (``--draft default``'s lookup): a lookup draft asks for ``width`` draft nodes per
+    depth, as a dynamic tree does (within its cap), and fills them: each of up to ``width`` distinct
+    continuations runs as far as the nodes allow (``max_nodes``, within ``max_depth``), merged and
+    cut breadth-first. Where text is copied, ten tokens of one continuation are worth more than the
+    head's ten-node tree; the head's nodes stay where lookup finds nothing."""
 
     name = "ngram"
 
-    def __init__(self, n_min: int = 1, n_max: int = 4):
+    def __init__(self, n_min: int = 1, n_max: int = 4, width: int = 1):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"ngram sizes must satisfy 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
-        self.n_min, self.n_max = n_min, n_max
+        if width < 1:
+            raise ValueError(f"ngram width must be >= 1 (draft nodes per depth), got {width}")
+        self.n_min, self.n_max, self.width = n_min, n_max, width
+
+    def nodes_per_depth(self, source: str | None) -> int:
+        return self.width if source is not None and source.startswith(self.name) else 1
 
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         return [self._propose_one(r) for r in reqs]
@@ -26,6 +37,8 @@ class NgramProposer(Proposer):
         tokens = np.asarray(req.token_ids, dtype=np.int64)
         depth = len(req.expansion)
         width = req.expansion[0] if req.expansion else 0
+        if self.width > 1 and depth:  # fill the reserved nodes: farther, and up to `width` candidates
+            depth, width = max(depth, min(req.max_nodes, req.depth_limit)), max(width, self.width)
         trees = [TokenTree.chain(int(tokens[-1]), c) for c in self._continuations(tokens, depth, width)]
         if not trees:
             return TokenTree.root(int(tokens[-1]))

@@ -103,12 +103,12 @@ class VerifierShard:
             _set_pg_timeout(self._timeout(), None)
             tp = TPContext(self.rank, self.world, None)
         from actors.model.loader import load_model
-        from actors.model.weight_offload import offload_layers_for
+        from actors.model.weight_offload import load_device, offload_layers_for
 
         dtype = _DTYPES[self.spec.dtype]
         spec = self.spec
-        staged = (spec.offload_layers or spec.weights_device_gb) and self.device.type != "cpu"  # host first
-        loaded = load_model(spec.model, dtype=dtype, device="cpu" if staged else self.device, tp=tp)
+        offloading = bool(spec.offload_layers) or spec.weights_device_gb is not None
+        loaded = load_model(spec.model, dtype=dtype, device=load_device(self.device, offloading), tp=tp)
         set_attention_backend(loaded.model, spec.attention_backend, self.device)
         self.verifier = Verifier(loaded.model, spec.num_blocks, spec.block_size, self.device, dtype,
                                  enforce_eager=spec.enforce_eager or self.world > 1, max_num_seqs=spec.max_num_seqs,

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from actors.model.weight_offload import OFFLOAD_SLOTS
 from actors.tree import TokenTree
 from benchmarks.report import fmt, md_table
 from benchmarks.step_costs import OneSequence, device_median_s, verifier_modes
@@ -119,7 +118,7 @@ def run(spec: str, device: torch.device, layers: list[int], tokens: list[int], c
         weights_device_gb: float | None = None) -> dict:
     """Every configuration's rows, the host->device copy of one layer and each one's device weights."""
     from actors.model.attention_backends import set_attention_backend
-    from actors.model.weight_offload import layer_weight_bytes
+    from actors.model.weight_offload import device_weight_bytes, layer_weight_bytes
 
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     rows, configs, doc = [], [], {"model": spec, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
@@ -127,6 +126,7 @@ def run(spec: str, device: torch.device, layers: list[int], tokens: list[int], c
     for n, model in _configs(spec, device, dtype, layers, weights_device_gb):
         backend = set_attention_backend(model, "auto", device)
         total, per_layer = model.param_bytes(), layer_weight_bytes(model.layers[0])
+        on_device = device_weight_bytes(model, n)  # before the Verifier offloads the model
         if "h2d_s" not in doc:
             doc.update(layer_bytes=per_layer, num_layers=len(model.layers), weight_bytes=total, backend=backend,
                        h2d_s=measure_h2d_s(device, per_layer, reps))
@@ -134,7 +134,6 @@ def run(spec: str, device: torch.device, layers: list[int], tokens: list[int], c
         for mode, kw in modes:
             rows += measure_config(model, device, dtype, n, mode, kw, tokens, context, reps)
             _free(device)
-        on_device = total - n * per_layer + min(n, OFFLOAD_SLOTS) * per_layer  # resident + the staging slots
         configs.append(dict(offloaded=n, device_bytes=on_device, host_bytes=n * per_layer,
                             budget_gb=weights_device_gb if n not in [0, *layers] else None))
         del model  # before the next one loads: one 8B model on the device at a time

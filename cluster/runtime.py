@@ -111,14 +111,14 @@ def load_target(config, device: torch.device, dtype: torch.dtype):
     layers to the device, so a model larger than the device loads."""
     from actors.model import registry
     from actors.model.loader import load_model
+    from actors.model.weight_offload import load_device
 
     if registry.is_random(config.model):  # before loading: random:llama-3-8b is 16-32 GB of weights
         raise ValueError(f"model {config.model!r} has random weights and no tokenizer, which the engine needs to "
                          "encode prompts and decode outputs; random models run only below the engine (the "
                          "Verifier, as `python -m benchmarks.gpu_bench` does): pass an alias, a local HF model "
                          "directory or a .gguf file")
-    staged = config.offload.enabled and device.type != "cpu"
-    return load_model(config.model, dtype=dtype, device="cpu" if staged else device)
+    return load_model(config.model, dtype=dtype, device=load_device(device, config.offload.enabled))
 
 
 def local_verifier(config, model, device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,

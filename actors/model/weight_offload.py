@@ -39,22 +39,30 @@ def layer_weight_bytes(layer: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in layer_weights(layer))
 
 
+def device_weight_bytes(model: nn.Module, num_offloaded: int) -> int:
+    """Bytes of ``model``'s weights on the device with its last ``num_offloaded`` layers streamed:
+    the resident parameters and the staging slots (measure before offloading)."""
+    per_layer = layer_weight_bytes(model.layers[0])
+    return model.param_bytes() - num_offloaded * per_layer + min(num_offloaded, OFFLOAD_SLOTS) * per_layer
+
+
 def layers_to_offload(model: nn.Module, weights_device_gb: float) -> int:
     """How many decoder layers (the last ones) must live in host memory for the model's weights on
     the device to fit ``weights_device_gb``: resident parameters + the staging slots."""
-    layers = list(model.layers)
-    per_layer = layer_weight_bytes(layers[0])
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    budget = weights_device_gb * 2**30
-    if total <= budget:
-        return 0
-    for n in range(1, len(layers) + 1):
-        if total - n * per_layer + min(n, OFFLOAD_SLOTS) * per_layer <= budget:
+    num_layers = len(model.layers)
+    for n in range(num_layers + 1):
+        if device_weight_bytes(model, n) <= weights_device_gb * 2**30:
             return n
-    floor = total - len(layers) * per_layer + OFFLOAD_SLOTS * per_layer
     raise ValueError(f"weights_device_gb={weights_device_gb} is too small for this model: with every decoder "
-                     f"layer offloaded it still needs {floor / 2**30:.3f} GiB on the device (embeddings, LM head, "
-                     f"norms and {OFFLOAD_SLOTS} staging layers)")
+                     f"layer offloaded it still needs {device_weight_bytes(model, num_layers) / 2**30:.3f} GiB on "
+                     f"the device (embeddings, LM head, norms and {OFFLOAD_SLOTS} staging layers)")
+
+
+def load_device(device: torch.device | str, offloading: bool) -> torch.device:
+    """Where to load a model that will have layers offloaded to run on ``device``: the host when
+    that is an accelerator (the offloader moves all but the streamed matrices), else ``device``."""
+    device = torch.device(device)
+    return torch.device("cpu") if offloading and device.type != "cpu" else device
 
 
 class WeightOffloader:
@@ -72,6 +80,8 @@ class WeightOffloader:
         self.cuda = self.device.type == "cuda"
         self.offloaded = list(range(len(layers) - num_layers, len(layers)))
         self.slot_of = {i: j % OFFLOAD_SLOTS for j, i in enumerate(self.offloaded)}
+        # the offloaded layer the forward reaches after layer i (the first one again after the last)
+        self.next_of = {i: next((j for j in self.offloaded if j > i), self.offloaded[0]) for i in range(len(layers))}
         self.num_slots = min(OFFLOAD_SLOTS, num_layers)
         self.bytes_copied = self.layers_copied = 0
         self.copy_seconds = 0.0
@@ -79,7 +89,7 @@ class WeightOffloader:
         first = weights[self.offloaded[0]]
         self.packed = not self.cuda and all(cpu_linear.packs(w) for w in first)
         self.host = {i: [self._host_copy(w) for w in ws] for i, ws in weights.items()}  # [layer][k]
-        self.layer_bytes = sum(w.numel() * w.element_size() for w in first)
+        self.layer_bytes = layer_weight_bytes(layers[self.offloaded[0]])
         for ws in weights.values():  # the plain copies go; what stays is a shape without storage
             for w in ws:
                 w.data = torch.zeros((1, 1), dtype=w.dtype, device=self.device).expand(w.shape)
@@ -118,14 +128,9 @@ class WeightOffloader:
                 self._load(i)
             if self.cuda:
                 torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
-        nxt = self._next_offloaded(i)
-        if nxt is not None and self.slot_of[nxt] != slot and self.owner[self.slot_of[nxt]] != nxt:
+        nxt = self.next_of[i]
+        if self.slot_of[nxt] != slot and self.owner[self.slot_of[nxt]] != nxt:
             self._load(nxt)  # the other slot: its layer has run (it is before i, or it is i's predecessor)
-
-    def _next_offloaded(self, i: int) -> int | None:
-        """The offloaded layer the forward reaches after layer i (the first one again after the last)."""
-        later = [j for j in self.offloaded if j > i]
-        return later[0] if later else self.offloaded[0]
 
     def _load(self, i: int) -> None:
         slot = self.slot_of[i]

@@ -340,6 +340,9 @@ def test_revocab_keeps_the_weights_and_changes_only_the_vocabulary(tiny_target_d
 
 @pytest.mark.parametrize("argv, bad", [(["--minutes", "0"], "--minutes 0.0"),
                                        (["--gen-frac", "0.8", "--feat-frac", "0.3"], "--gen-frac 0.8"),
+                                       (["--magpie-frac", "-0.1"], "--magpie-frac -0.1"),
+                                       (["--gen-frac", "0.5", "--magpie-frac", "0.4", "--feat-frac", "0.2"],
+                                        "--magpie-frac 0.4"),
                                        (["--init", "/no/such/head.safetensors"], "'/no/such/head.safetensors'"),
                                        (["--stages", "gen,fly"], "'gen,fly'"),
                                        (["--max-epochs", "-1"], "--max-epochs -1.0"),
@@ -378,3 +381,17 @@ def test_tiny_training_run_writes_a_loadable_head(default_model, tmp_path):
     again = load_head(out / "head.safetensors")
     assert torch.equal(again.draft_vocab, load_head(first).draft_vocab)
     assert not torch.equal(again.fc.weight, load_head(first).fc.weight)
+
+
+@pytest.mark.model
+def test_magpie_stage_feeds_the_features_stage(default_model, tmp_path):
+    """The magpie stage (not in the default stages) writes waves the features stage reads like any shard."""
+    from training.train import main
+
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--stages", "magpie,features", "--minutes", "2", "--gen-frac", "0",
+                 "--magpie-frac", "0.05", "--feat-frac", "0.9", "--magpie-wave", "2", "--max-tokens", "4",
+                 "--concurrency", "4", "--threads", "2"]) == 0
+    shards = sorted(p.stem for p in (out / "responses").glob("*.jsonl"))
+    assert shards and all(s.startswith("magpie-") for s in shards)
+    assert sorted(p.stem for p in (out / "features").glob("*.pt")) == shards

@@ -220,14 +220,15 @@ def _word_prompt(rng: random.Random, words: list[str]) -> str:
     ))
 
 
-def _long_document(rng: random.Random, paras: list[str]) -> str:
-    """A 400-1,100-word document of consecutive docstring paragraphs and a request about it."""
+def long_document(rng: random.Random, paras: list[str], words: tuple[int, int] = (400, 1100)) -> str:
+    """A document of consecutive docstring paragraphs (about ``words`` words: 400-1,100 in the
+    prompt mix) and a request about it."""
     start = rng.randrange(len(paras))
     doc, n = [], 0
     for p in paras[start:] + paras[:start]:
         doc.append(p)
         n += len(p.split())
-        if n >= rng.randint(400, 1100):
+        if n >= rng.randint(*words):
             break
     ask = rng.choice(("Summarize this document in a few paragraphs.", "Write a summary of the text above for a newcomer.",
                       "What are the main points of this document? Answer in a bulleted list.",
@@ -251,7 +252,7 @@ def _one_prompt(rng: random.Random, paras: list[str], funcs: list[tuple[str, str
     if kind == 10:
         return _word_prompt(rng, words)
     if kind == 11:
-        return _long_document(rng, paras)
+        return long_document(rng, paras)
     c, a = rng.choice(CONCEPTS), rng.choice(AUDIENCES)
     if kind == 0:
         return rng.choice(QUESTION_STEMS).format(c=c, a=a)

@@ -6,12 +6,14 @@ Stages (each cached under --out, so a re-run resumes after a crash):
 1. ``gen``: prompt mix (training.prompt_mix) -> the target's answers via the engine
    (``--gen-dtype``, default bf16: 1.7x faster than fp32 on the 2-core CPU);
    ``text``: offline conversations (training.offline_text), no generation needed;
+   ``magpie`` (not in the default stages): conversations the target writes itself, multi-turn,
+   translations both ways, long documents (training.magpie), for ``--magpie-frac`` of the budget;
 2. ``features``: teacher-forced target forward -> features f_t and greedy next tokens, the
    target's answers first (``--feature-dtype``, default bf16 on CPU: 2.4x faster; its rounding is
    far below the training noise on the features);
 3. ``train``: fit the head (training.fit), save ``--out/head.safetensors``.
-``--minutes`` is the whole budget: generation stops at ``--gen-frac`` of it, features at
-``--gen-frac + --feat-frac``, training uses the rest (at least a quarter of it).
+``--minutes`` is the whole budget: generation stops at ``--gen-frac`` of it, the magpie stage
+``--magpie-frac`` later, features ``--feat-frac`` after that, training uses the rest.
 On a GPU: ``--device cuda --concurrency 256 --num-prompts 50000`` and a larger budget.
 """
 from __future__ import annotations
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-frac", type=float, default=0.3, help="share of --minutes for generating answers")
     p.add_argument("--feat-frac", type=float, default=0.25,
                    help="share of --minutes for the features pass (~800 tokens/s on 2 CPU cores)")
+    p.add_argument("--magpie-frac", type=float, default=0.0,
+                   help="share of --minutes for the magpie stage (give it in --stages too)")
+    p.add_argument("--magpie-wave", type=int, default=192, help="conversations per magpie wave (one shard each)")
     p.add_argument("--text-items", type=int, default=6000, help="offline conversations (docstrings, code)")
     p.add_argument("--num-prompts", type=int, default=8000,
                    help="size of the prompt mix (generation stops early at its budget)")
@@ -95,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated working directories of earlier runs whose features the train stage "
                         "also uses (e.g. answers to another prompt-mix seed)")
     p.add_argument("--stages", default="gen,text,features,train",
-                   help="comma-separated subset of gen,text,features,train")
+                   help="comma-separated subset of gen,text,magpie,features,train")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -121,6 +126,16 @@ def _prompt_mix(args, tokenizer) -> list:
     return build_prompt_mix(args.num_prompts, args.seed, vocabulary_words(tokenizer), korean_frac=args.korean_frac)
 
 
+def _engine(args):
+    """The generating engine: plain decoding at --concurrency, --gen-dtype."""
+    from cluster.config import EngineConfig
+    from cluster.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=args.model, dtype=args.gen_dtype, device=args.device,
+                                  max_num_seqs=args.concurrency, max_num_batched_tokens=args.max_batched_tokens,
+                                  kv_cache_gb=args.kv_cache_gb, num_threads=args.threads))
+
+
 def stage_generate(args, out: Path, deadline: float) -> None:
     if args.backend == "hf":
         from training.hf_data import hf_generate_responses, load_hf_model
@@ -138,16 +153,33 @@ def stage_generate(args, out: Path, deadline: float) -> None:
         log.info("stage 1 done: %d answers", n)
         return
     from training.data import generate_responses
-    from cluster.config import EngineConfig
-    from cluster.engine import LLMEngine
 
-    cfg = EngineConfig(model=args.model, dtype=args.gen_dtype, device=args.device, max_num_seqs=args.concurrency,
-                       max_num_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb,
-                       num_threads=args.threads)
-    engine = LLMEngine(cfg)
+    engine = _engine(args)
     n = generate_responses(engine, _prompt_mix(args, engine.prompts.tokenizer), out, deadline, args.concurrency,
                            max_tokens=args.max_tokens, seed=args.seed, share=_share(args))
     log.info("stage 1 done: %d answers", n)
+
+
+def stage_magpie(args, out: Path, deadline: float) -> None:
+    from training.magpie import engine_complete, generate_magpie, hf_complete
+    from training.prompt_mix import vocabulary_words
+    from actors.model.loader import load_tokenizer, resolve_model_dir
+    from cluster.prompts import PromptEncoder
+
+    if args.backend == "hf":
+        from training.hf_data import load_hf_model
+        from cluster.runtime import resolve_device_dtype
+
+        model_dir = resolve_model_dir(args.model)
+        encoder = PromptEncoder(load_tokenizer(model_dir))
+        device, dtype = resolve_device_dtype(args.device, args.gen_dtype)
+        complete = hf_complete(load_hf_model(model_dir, device, dtype), encoder.tokenizer, device)
+    else:
+        engine = _engine(args)
+        encoder, complete = engine.prompts, engine_complete(engine, args.concurrency)
+    n = generate_magpie(complete, encoder, vocabulary_words(encoder.tokenizer), out, deadline, wave=args.magpie_wave,
+                        seed=args.seed, share=_share(args), max_tokens=args.max_tokens)
+    log.info("magpie stage done: %d answers", n)
 
 
 def stage_text(args, out: Path) -> None:
@@ -181,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes {args.minutes}: must be positive")
-    if not (args.gen_frac >= 0 and args.feat_frac >= 0 and args.gen_frac + args.feat_frac <= 1):
-        parser.error(f"--gen-frac {args.gen_frac} and --feat-frac {args.feat_frac}: each >= 0, together <= 1")
+    fracs = (args.gen_frac, args.magpie_frac, args.feat_frac)
+    if not (min(fracs) >= 0 and sum(fracs) <= 1):
+        parser.error(f"--gen-frac {args.gen_frac}, --magpie-frac {args.magpie_frac} and --feat-frac "
+                     f"{args.feat_frac}: each >= 0, together <= 1")
     if args.max_epochs < 0:
         parser.error(f"--max-epochs {args.max_epochs}: must be >= 0 (0 = no cap)")
     args.max_epochs = args.max_epochs or None
@@ -191,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(f"--sampled-frac/--sample-temperature/--sample-top-p: {e}")
     stages = set(args.stages.split(","))
-    if not stages <= {"gen", "text", "features", "train"}:
-        parser.error(f"--stages {args.stages!r}: use a comma-separated subset of gen,text,features,train")
+    if not stages <= {"gen", "text", "magpie", "features", "train"}:
+        parser.error(f"--stages {args.stages!r}: use a comma-separated subset of gen,text,magpie,features,train")
     out = Path(args.out)
     _setup_logging(out)
     device = torch.device(args.device)
@@ -206,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         stage_generate(args, out, start + 60 * args.minutes * args.gen_frac)
     if "text" in stages:
         stage_text(args, out)
+    if "magpie" in stages:
+        stage_magpie(args, out, start + 60 * args.minutes * (args.gen_frac + args.magpie_frac))
     if "features" in stages:
-        stage_features(args, out, device, start + 60 * args.minutes * (args.gen_frac + args.feat_frac))
+        stage_features(args, out, device, start + 60 * args.minutes * sum(fracs))
     if "train" in stages:
         from training.fit import fit_head
 

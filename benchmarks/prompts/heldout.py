@@ -51,21 +51,9 @@ def debian_topics(path: str = "/var/lib/dpkg/status") -> list[str]:
     return out
 
 
-def user_turn_prefix(tokenizer) -> list[int]:
-    """The chat template's ids up to where a user message's text begins."""
-    mark = "XQZMARKX"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False)
-    return tokenizer.encode(text[: text.index(mark)], add_special_tokens=False)
-
-
-def clean(opener: str, continuation: str) -> str | None:
-    """The request: the opener plus the sampled text up to the end of the turn; None if too short."""
-    text = (opener + continuation).split("<|im_end|>")[0].strip()
-    return text if len(text.split()) >= 6 else None
-
-
 def generate(engine, per_category: int, seed: int) -> list[dict]:
     from actors.sampling_params import SamplingParams
+    from training.magpie import clean_request, user_turn_prefix
 
     rng = random.Random(seed)
     topics = debian_topics()
@@ -80,7 +68,7 @@ def generate(engine, per_category: int, seed: int) -> list[dict]:
             ids = prefix + engine.tokenizer.encode(opener, add_special_tokens=False)
             params = SamplingParams(max_tokens=80, temperature=1.0, top_p=0.95, seed=seed * 1000 + t,
                                     stop=["<|im_end|>", "<|im_start|>"])
-            text = clean(opener, engine.generate([ids], params)[0].text)
+            text = clean_request(opener, engine.generate([ids], params)[0].text, min_words=6)
             if text is not None:
                 made += 1
                 out.append({"id": f"heldout-{category}-{made}", "category": category,

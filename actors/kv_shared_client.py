@@ -19,7 +19,9 @@ with their chain, ``free``), so the admission that follows finds them as verifie
 every invariant of the allocator holds (nothing held afterwards, nothing leaked).
 
 Transport: a Ray actor handle (blocks through the object store; the tier actor keeps copies it
-owns, so they outlive this replica), or an in-process ``SharedKVTier`` (tests).
+owns, so they outlive this replica), or an in-process ``SharedKVTier`` (tests). A tier found by
+name that stops answering (its actor died, e.g. with the Serve replica that owned it) is looked up
+by name again, so the replicas move to the new tier that a restarted tier host starts.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 log = logging.getLogger("specray.kv_shared")
 
+RESOLVE_EVERY_S = 5.0  # at most one lookup of the tier by name per this many seconds
 _TMP_SEQ = -1  # seq id of the temporary sequence that brings fetched blocks in (real ids are >= 0)
 _COUNTERS = ("prefix_queries", "prefix_hits")  # host/disk hits of a bring-in stay counted: its loads happened
 
@@ -60,7 +63,7 @@ class SharedKVClient:
         self._tried: dict[int, Fetched] = {}  # seq_id -> the fetch made for its admission
         self._tables: dict[int, list[int]] = {}  # this step's prefill chunks: seq_id -> block table
         self._tier_stats: dict = {}
-        self._stats_ref = None
+        self._stats_ref = None  # (the handle asked, the ObjectRef of its stats)
         self.stats_ = {"lookups": 0, "hits": 0, "misses": 0, "timeouts": 0, "errors": 0, "blocks_fetched": 0,
                        "bytes_fetched": 0, "blocks_published": 0, "bytes_published": 0}
 
@@ -151,6 +154,7 @@ class SharedKVClient:
         except Exception as e:  # noqa: BLE001  the tier is an optimisation: recompute instead
             self.stats_["errors"] += 1
             log.warning("shared KV tier lookup failed (%s: %s); recomputing", type(e).__name__, e)
+            self._lost(tier)
             blocks = []
         if any(b.nbytes != self._block_bytes() for b in blocks):  # a layout the key should have kept apart
             self.stats_["errors"] += 1
@@ -222,12 +226,20 @@ class SharedKVClient:
     # ---- the tier --------------------------------------------------------------------------------
     def _handle(self):
         if self._tier is None and self._resolve is not None and monotonic() >= self._next_resolve:
-            self._next_resolve = monotonic() + 5.0
+            self._next_resolve = monotonic() + RESOLVE_EVERY_S
             try:
                 self._tier = self._resolve()
             except Exception as e:  # noqa: BLE001  not up yet: misses until it is
                 log.info("shared KV tier not reachable yet: %s", e)
         return self._tier
+
+    def _lost(self, tier) -> None:
+        """``tier`` failed to answer (its actor died: the Serve application's tier host was restarted
+        and started a new tier, or the tier crashed): with ``resolve``, forget the handle and its
+        figures, so that the tier is looked up by name again (a live one comes back as it was);
+        a handle given without ``resolve`` is all there is, and is kept."""
+        if self._resolve is not None and self._tier is tier:
+            self._tier, self._tier_stats = None, {}
 
     def stats(self) -> dict:
         """This replica's view (lookups, hits, misses, timeouts, blocks and bytes fetched and
@@ -237,15 +249,16 @@ class SharedKVClient:
             import ray
 
             if self._stats_ref is not None:
-                ready, _ = ray.wait([self._stats_ref], timeout=0)
+                asked, ref = self._stats_ref
+                ready, _ = ray.wait([ref], timeout=0)
                 if ready:
-                    try:
-                        self._tier_stats = ray.get(self._stats_ref)
-                    except Exception:  # noqa: BLE001
-                        pass
                     self._stats_ref = None
-            if self._stats_ref is None:
-                self._stats_ref = tier.stats.remote()
+                    try:
+                        self._tier_stats = ray.get(ref)
+                    except Exception:  # noqa: BLE001  the tier died: look it up again
+                        self._lost(asked)
+            if self._stats_ref is None and self._tier is tier:
+                self._stats_ref = (tier, tier.stats.remote())
         elif tier is not None:
             self._tier_stats = tier.stats()
         return {**self.stats_, **{f"tier_{k}": v for k, v in self._tier_stats.items()}}

@@ -43,7 +43,7 @@ from deployments.metrics_hub import ReplicaMetricsPublisher
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from deployments.openai_schema import openapi_document
 from deployments.openai_server import EventStream, OpenAIServer
-from deployments.replica_state import ReplicaState
+from deployments.replica_state import ReplicaHeader, ReplicaState
 from deployments.serve_config import ServeArgs
 
 log = logging.getLogger("specray.serve")
@@ -117,9 +117,12 @@ def _respond(result: dict | EventStream):
 app.add_middleware(RequestGuard, settings=replica_state.guard_settings)
 
 
-# Added last, so outermost: it counts the answers of every other middleware too (401/413/429/503).
+# Outside the guard: it counts the guard's answers too (401/413), besides the routes' (429/503 included).
 # Must stay above @serve.ingress, which freezes a copy of the app.
 app.add_middleware(HTTPCountMiddleware, metrics=replica_state.http_metrics)
+
+# Outermost: every answer of the replica names it (x-specray-replica), the guard's refusals included.
+app.add_middleware(ReplicaHeader, replica_id=replica_state.replica_id)
 
 
 @serve.deployment(name="OpenAIIngress")  # options: deployment_options(ServeArgs)
@@ -146,7 +149,8 @@ class OpenAIIngress(GrpcGenerationMixin):
         self.server = OpenAIServer(AsyncLLMEngine(engine), sargs.model_name, engine.max_model_len, admission,
                                    api_key, draining=replica_state.serve_replica_draining)
         engine.metrics.watch_queue(lambda: admission.num_waiting)  # specray:num_requests_queued / _waiting
-        replica_state.bind(ReplicaState(GuardSettings(api_key, sargs.max_request_bytes), engine.metrics))
+        replica_state.bind(ReplicaState(GuardSettings(api_key, sargs.max_request_bytes), engine.metrics,
+                                        ctx.replica_id.unique_id))
         self.metrics_publisher = ReplicaMetricsPublisher.for_current_replica(engine.metrics)
 
     @app.get("/health")

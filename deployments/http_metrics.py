@@ -2,8 +2,9 @@
 
 A pure ASGI middleware (not ``BaseHTTPMiddleware``): it only watches the ``http.response.start``
 message, so streaming answers and client disconnects (which cancel the handler and abort the
-request) behave exactly as without it. Registered outermost, it also sees the answers that other
-middleware gives before any route runs (401, 413, 429, 503), and 500s from unhandled errors.
+request) behave exactly as without it. Registered outside the other middleware (only the replica
+header is outside it), it also sees the answers they give before any route runs (401, 413, 429,
+503), and 500s from unhandled errors.
 
 The route label is the route template (``/v1/completions``), never the raw path, so scanners cannot
 blow up the number of series; paths that match no route count as ``other``. A client that goes away

@@ -3,7 +3,10 @@
 ``SharedKVTierHost`` (one replica, no CPU) creates the named tier actor (actors/kv_shared_tier.py)
 when the application starts. The actor is not detached: its owner is this replica, so it goes with
 the application (delete, redeploy) and nothing outlives it; the engine replicas look it up by name
-(``tier_name`` of the application) and count misses until it is up (cluster/shared_kv.py).
+(``tier_name`` of the application) and count misses until it is up (cluster/shared_kv.py). A tier
+actor that dies fails this replica's health check, so Serve replaces the replica and the new one
+starts a new tier; the engine replicas look the tier up again when the old one stops answering
+(actors/kv_shared_client.py).
 """
 from __future__ import annotations
 
@@ -28,3 +31,7 @@ class SharedKVTierHost:
     async def stats(self) -> dict:
         """The tier's own figures (capacity, bytes and blocks held, puts, lookups, hits)."""
         return await self.actor.stats.remote()
+
+    async def check_health(self) -> None:
+        """Serve's health check: the tier actor answers (raises once it has died)."""
+        await self.actor.stats.remote()

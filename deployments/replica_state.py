@@ -7,10 +7,12 @@ reads the state, and the replica binds its state here once, in ``__init__`` (``b
 every replica in a process of its own). Unbound (outside a replica, or before ``__init__`` ran),
 the middleware lets requests through untouched.
 
+``ReplicaHeader`` names the replica in every HTTP answer it gives (``x-specray-replica``).
 ``serve_replica_draining`` is the one place that reads Serve's replica internals (see there).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 class ReplicaState:
     guard: GuardSettings | None = None  # API key and body limit (deployments.http_guard)
     metrics: EngineMetrics | None = None  # where HTTP answers are counted (deployments.http_metrics)
+    replica_id: str | None = None  # Serve's id of this replica (``ReplicaHeader``)
 
 
 _bound = ReplicaState()
@@ -42,6 +45,38 @@ def guard_settings() -> GuardSettings | None:
 def http_metrics() -> EngineMetrics | None:
     """``HTTPCountMiddleware``'s metrics source."""
     return _bound.metrics
+
+
+def replica_id() -> str | None:
+    """``ReplicaHeader``'s source: this replica's Serve id."""
+    return _bound.replica_id
+
+
+REPLICA_HEADER = "x-specray-replica"
+
+
+class ReplicaHeader:
+    """Pure ASGI middleware: every HTTP answer of a replica, errors and streams included, names it in
+    ``x-specray-replica``: Serve's replica id, the one in Serve's logs (``replica_<app>_<deployment>_<id>.log``,
+    its lines) and in the replica's ``/metrics`` push (deployments.metrics_hub), so an operator can
+    tell which replica answered a request (a slow one, an error, a prefix-cache hit or miss). Unbound:
+    no header."""
+
+    def __init__(self, app, replica_id: Callable[[], str | None]):
+        self.app, self.replica_id = app, replica_id
+
+    async def __call__(self, scope, receive, send):
+        rid = self.replica_id() if scope["type"] == "http" else None
+        if rid is None:
+            return await self.app(scope, receive, send)
+        header = (REPLICA_HEADER.encode(), rid.encode("latin-1"))
+
+        async def named(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 def serve_replica_draining() -> bool:

@@ -1,6 +1,7 @@
 """Two in-process engines sharing one KV tier (tiny model): the second computes no prefill for the
 prefixes the first published, reports them as shared cached tokens, and answers exactly as an engine
-without the tier; a slow tier counts as a miss; bad tier settings are named."""
+without the tier; a slow tier counts as a miss; a dead tier actor is looked up again; bad tier
+settings are named."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from actors.kv_shared_tier import SharedKVTier
+from actors.kv_shared_tier import TIER_NAMESPACE, SharedKVTier
 from actors.sampling_params import SamplingParams
 from cluster.config import EngineConfig
 from cluster.shared_kv import attach_shared_kv
@@ -113,6 +114,62 @@ def test_two_engines_share_the_tier_actor(ray_cluster, tiny_target_dir, baseline
         _check_shared_run(a, b, baseline)
     finally:
         ray.kill(ray.get_actor("specray-test-engines", namespace=TIER_NAMESPACE))
+
+
+def _wait(what: str, check, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _named(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=TIER_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
+@pytest.mark.ray
+def test_a_dead_tier_actor_is_looked_up_again(ray_cluster, tiny_target_dir, monkeypatch):
+    """The tier actor dies (in Serve: with its host replica, which Serve replaces, starting a new
+    tier under the same name): engines that found it by name let go of the dead handle on its first
+    failed answer, a lookup or the stats poll, and share through the new tier, instead of failing
+    against the dead one (and publishing into it) for good."""
+    import ray
+
+    import actors.kv_shared_client as shared_client
+    from actors.kv_shared_tier import tier_actor
+
+    monkeypatch.setattr(shared_client, "RESOLVE_EVERY_S", 0.0)
+    name = "specray-test-lost-tier"
+    cfg = {"enabled": True, "name": name, "owner": "application", "fetch_timeout_ms": 5000}
+    old = tier_actor(name, 2**24, BS)  # the application's host owns the tier; the engines look it up
+    a, b = tiny_engine(tiny_target_dir, kv_tier=cfg), tiny_engine(tiny_target_dir, kv_tier=cfg)
+    other = random_prompts(3, seed=22, lo=40, hi=41)
+    try:
+        a.generate(PROMPTS, PARAMS)  # a publishes into the old tier
+        _wait("the old tier to fill", lambda: ray.get(old.stats.remote())["blocks"] > 0)
+        b.shared_kv.stats()  # b holds the old handle too, and has asked it for its figures
+        ray.kill(old)
+        _wait("the old tier's name to be free", lambda: not _named(name))
+        new = tier_actor(name, 2**23, BS)  # what the replaced host does
+        first = b.generate(other, PARAMS, concurrency=1)  # b's lookup fails once: it lets go, publishes into new
+        assert b.shared_kv.stats()["errors"] == 1
+        _wait("a's stats poll to find the new tier", lambda: a.shared_kv.stats().get("tier_capacity_bytes") == 2**23)
+        _wait("b's blocks in the new tier",
+              lambda: ray.get(new.stats.remote())["blocks"] == sum(len(p) // BS for p in other))
+        second = a.generate(other, PARAMS, concurrency=1)
+        assert [o.token_ids for o in second] == [o.token_ids for o in first]
+        assert all(o.num_shared_cached_tokens == _full_blocks(len(p)) > 0 for o, p in zip(second, other))
+        for eng in (a, b):
+            _assert_no_leak(eng)
+    finally:
+        if _named(name):
+            ray.kill(ray.get_actor(name, namespace=TIER_NAMESPACE))
 
 
 @pytest.mark.parametrize("cfg, named", [

@@ -10,7 +10,7 @@ from cluster.metrics import EngineMetrics
 from deployments import replica_state
 from deployments.http_guard import GuardSettings, RequestGuard
 from deployments.http_metrics import HTTPCountMiddleware
-from deployments.replica_state import ReplicaState
+from deployments.replica_state import REPLICA_HEADER, ReplicaHeader, ReplicaState
 
 
 @pytest.fixture
@@ -30,6 +30,7 @@ def _app():
 
     app.add_middleware(RequestGuard, settings=replica_state.guard_settings)
     app.add_middleware(HTTPCountMiddleware, metrics=replica_state.http_metrics)
+    app.add_middleware(ReplicaHeader, replica_id=replica_state.replica_id)
     return app
 
 
@@ -45,17 +46,20 @@ def test_middleware_reads_what_the_replica_bound(unbound):
 
     client = TestClient(_app())
     assert replica_state.guard_settings() is None and replica_state.http_metrics() is None
-    assert client.get("/v1/models").status_code == 200  # unbound: open, not counted
+    r = client.get("/v1/models")
+    assert r.status_code == 200 and REPLICA_HEADER not in r.headers  # unbound: open, not counted, not named
 
     metrics = EngineMetrics()
-    replica_state.bind(ReplicaState(GuardSettings("k", 2048), metrics))
-    assert client.get("/v1/models").status_code == 401
-    assert client.get("/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
-    assert client.post("/v1/models", content=b"x" * 4096, headers={"authorization": "Bearer k"}).status_code == 413
+    replica_state.bind(ReplicaState(GuardSettings("k", 2048), metrics, "r-1"))
+    answers = [client.get("/v1/models"), client.get("/v1/models", headers={"authorization": "Bearer k"}),
+               client.post("/v1/models", content=b"x" * 4096, headers={"authorization": "Bearer k"})]
+    assert [r.status_code for r in answers] == [401, 200, 413]
+    assert [r.headers.get(REPLICA_HEADER) for r in answers] == ["r-1"] * 3  # the guard's refusals named too
     assert _http_counts(metrics) == {"401": 1, "200": 1, "413": 1}
 
     replica_state.bind(ReplicaState())
-    assert client.get("/v1/models").status_code == 200
+    r = client.get("/v1/models")
+    assert r.status_code == 200 and REPLICA_HEADER not in r.headers
     assert _http_counts(metrics) == {"401": 1, "200": 1, "413": 1}
 
 

@@ -1,7 +1,10 @@
 """The shared KV tier in a Serve application, without starting Serve: ServeArgs' ``kv_tier`` (one
 place, refused with remote verifier shards / drafters), the app builder binding one tier host per
-application, the replicas' engines looking the tier up by the application's name, the CLI flag."""
+application, the replicas' engines looking the tier up by the application's name, the CLI flag; the host's
+health check (with Ray)."""
 from __future__ import annotations
+
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -50,3 +53,23 @@ def test_cli_flag():
     assert config("--kv-tier-gb", "2").capacity_gb == 2.0 and config("--kv-tier-gb", "2").enabled
     with pytest.raises(ValidationError, match="capacity_gb=-1.0"):
         config("--kv-tier-gb", "-1")
+
+
+@pytest.mark.ray
+def test_tier_host_fails_its_health_check_once_the_tier_died(ray_cluster):
+    """So that Serve replaces the host, whose successor starts a new tier (the engine replicas find
+    it: tests/test_shared_tier_serve.py)."""
+    import asyncio
+
+    import ray
+
+    from deployments.kv_tier import SharedKVTierHost
+
+    host = SharedKVTierHost.func_or_class(2**20, 16, "specray-test-host-health")
+    asyncio.run(host.check_health())
+    ray.kill(host.actor)
+    deadline = time.monotonic() + 30
+    with pytest.raises(ray.exceptions.RayActorError):
+        while time.monotonic() < deadline:  # the kill lands asynchronously
+            asyncio.run(host.check_health())
+            time.sleep(0.05)

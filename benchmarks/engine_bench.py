@@ -22,6 +22,17 @@ from benchmarks.sweep import RunOnce, request_seed
 WARMUP_BATCH_TOKENS = 32  # per request of a warm-up batch
 
 
+def engine_config(model: str, method: str, variants: tuple[Variant, ...], options: dict):
+    """An engine configuration able to serve every variant of the group (options: EngineConfig fields)."""
+    from cluster.config import EngineConfig, SpeculativeConfig
+
+    tree = next((v.tree for v in variants if v.tree), None)
+    max_k = max((v.spec_tokens or 0 for v in variants), default=0)
+    spec = SpeculativeConfig.from_draft_arg(method, max_k, tree, adaptive=any(v.adaptive for v in variants),
+                                            tree_width=variants[0].tree_width, tree_nodes=variants[0].tree_nodes)
+    return EngineConfig(model=model, speculative=spec, **{k: v for k, v in options.items() if v is not None})
+
+
 class EngineBackend:
     def __init__(self, model: str, max_tokens: int | None, seed: int | None = 0, warmup: int = 1,
                  engine_options: dict | None = None, warmup_batch: bool = False):
@@ -44,15 +55,7 @@ class EngineBackend:
         self._verifier = None  # the target's KV cache, reused by every engine
 
     def config(self, method: str, variants: tuple[Variant, ...]):
-        """An engine configuration able to serve every variant of the group."""
-        from cluster.config import EngineConfig, SpeculativeConfig
-
-        tree = next((v.tree for v in variants if v.tree), None)
-        max_k = max((v.spec_tokens or 0 for v in variants), default=0)
-        spec = SpeculativeConfig.from_draft_arg(method, max_k, tree, adaptive=any(v.adaptive for v in variants),
-                                                tree_width=variants[0].tree_width,
-                                                tree_nodes=variants[0].tree_nodes)
-        return EngineConfig(model=self.model, speculative=spec, **self.engine_options)
+        return engine_config(self.model, method, variants, self.engine_options)
 
     def engine(self, cfg, proposer=None, spec_policy=None):
         from cluster.engine import LLMEngine

@@ -1,6 +1,6 @@
 """The GPU figures of issue 26 in one command, one Markdown table per section:
 
-    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|offload|all --out DIR [--device cuda]
+    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|offload|http|all --out DIR [--device cuda]
 
 - ``8b``: ``random:llama-3-8b`` (bf16) on the Verifier directly: the device's copy bandwidth and the
   bandwidth-bound TPOT it implies, plain decode TPOT at c=1 and the cost of verifying q tokens
@@ -18,7 +18,11 @@
   ``random:llama-3-8b``, 16 of 32 layers offloaded vs none (CPU: ``random:tiny-8l``, 4 of 8); the
   default model half offloaded at c=1, plain vs ``--draft default`` trees and transformers with
   accelerate's CPU offload; a table of the issue's goals. ``--budget-s``: parts of ``default`` and
-  ``offload`` that would start after it are skipped (the GPU harness passes what its budget leaves).
+  ``offload`` that would start after it are skipped (the GPU harness passes what its budget leaves);
+- ``http``: c=1 greedy TPOT through ``specray serve --config`` (Ray Serve, HTTP, the openai client) vs
+  the in-process engine on the same prompts, and their ratio (goal <= 1.5x; ``benchmarks/gpu_http.py``;
+  ``--http-draft``, ``--http-start-s`` apply). Needs ``ray[serve]`` and ``openai`` (a table says so
+  otherwise).
 
 Each section is written when done (the ``default`` one after each part) to DIR/gpu_bench_<stage>.md
 and .json, and DIR/gpu_bench.md / .json gather every section present, so separate invocations (or
@@ -38,7 +42,7 @@ import torch
 
 from benchmarks.report import fmt, machine_info, md_table
 
-STAGES = ("tiny", "8b", "default", "host", "draft", "offload")
+STAGES = ("tiny", "8b", "default", "host", "draft", "offload", "http")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
 TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "8b": "8b: random:llama-3-8b on the Verifier",
@@ -46,7 +50,9 @@ TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)",
           "draft": "draft: one drafting call of the default EAGLE head (benchmarks.draft_cost)",
           "offload": "offload: weight offload, the SpecInfer curve and the default model half offloaded "
-                     "(benchmarks.offload_bench)"}
+                     "(benchmarks.offload_bench)",
+          "http": "http: c=1 TPOT over HTTP (specray serve, Ray Serve) vs in-process, default model "
+                  "(benchmarks.gpu_http)"}
 
 
 # ---------------------------------------------------------------- output
@@ -329,6 +335,12 @@ def draft_section(args, device: torch.device, out: Path) -> str:
     return write_section(out, "draft", draft_cost.table(rows), {"rows": rows}, notes)
 
 
+def http_section(args, device: torch.device, out: Path) -> str:
+    from benchmarks import gpu_http
+
+    return gpu_http.http_section(args, device, out)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -342,12 +354,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=int, default=10, help="tiny/8b: timed repeats of each copy and verify shape")
     ap.add_argument("--copy-mb", type=int, default=None,
                     help="tiny/8b: copied buffer (default 2048 on CUDA, 64 on CPU)")
-    ap.add_argument("--sample", type=int, default=12, help="default: prompts at c=1 (and the batch-1 peers)")
+    ap.add_argument("--sample", type=int, default=12, help="default, http: prompts at c=1 (and the batch-1 peers)")
     ap.add_argument("--batch-sample", type=int, default=64, help="default: prompts at c=8 and 64 (and batch 64)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="default: output cap per prompt")
-    ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="default: the engine's KV cache on CUDA")
+    ap.add_argument("--max-tokens", type=int, default=128, help="default, http: output cap per prompt")
+    ap.add_argument("--kv-cache-gb", type=float, default=8.0, help="default, http: the engine's KV cache on CUDA")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="default/offload: skip the parts that would start after this many seconds")
+    ap.add_argument("--http-draft", default="default",
+                    help="http: the draft of the engine config both sides run (plain is spec_tokens 0 on it)")
+    ap.add_argument("--http-start-s", type=float, default=300.0,
+                    help="http: most seconds the server (Ray, Serve, the replica's model) may take to come up")
     ap.add_argument("--peers", choices=("all", "eager", "none"), default="all",
                     help="default: transformers peers: all (eager, prompt lookup and, on CUDA, static cache + "
                          "compile), eager, or none")
@@ -371,8 +387,9 @@ def _check(args) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     if args.copy_mb is not None and args.copy_mb < 1:
         raise ValueError(f"--copy-mb {args.copy_mb}: must be at least 1")
-    if args.budget_s is not None and not args.budget_s > 0:
-        raise ValueError(f"--budget-s {args.budget_s}: must be above 0")
+    for flag in ("budget_s", "http_start_s"):
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be above 0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             try:
                 sections = {"default": default_section, "host": host_section, "draft": draft_section,
-                            "offload": offload_section}
+                            "offload": offload_section, "http": http_section}
                 md = (sections[name](args, device, out) if name in sections else model_section(name, args, device, out))
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs
                 traceback.print_exc()

@@ -1,10 +1,13 @@
 """One-call GPU harness: pack what a lent GPU box lacks, then run the GPU tests and benchmark there.
 
-``prepare`` (dev machine) packs the wheels the box is missing and the default model's GGUF in parts
-small enough to carry, one part per call (benchmarks/gpu_pack.py). ``device`` (GPU box) installs the wheels, stashes the parts under /tmp, reassembles
-the model once every part has arrived, runs the ``gpu`` tests and ``benchmarks.gpu_bench`` under one
-time budget and writes one results file. Standard library only at import time: the box has no
-pydantic until this has run.
+``prepare`` (dev machine) packs the wheels the box is missing and the default model's GGUF (with
+``--http`` also Ray Serve and the openai client) into one stream of parts cut to fit the carry limit,
+each call's parts in one folder (benchmarks/gpu_pack.py). ``device`` (GPU box) stashes the parts
+under /tmp, reassembles each file once all its parts have arrived (the model into its package, the
+wheels before installing them), installs the wheels, checks their requirements against the box's
+own packages, runs the ``gpu`` tests and ``benchmarks.gpu_bench`` under one time budget and writes
+one results file; the http stage is skipped, saying which parts it waits for, until Ray is in.
+Standard library only at import time: the box has no pydantic until this has run.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.gpu_pack import MIB, missing_parts, prepare, reassemble
+from benchmarks.gpu_pack import MIB, missing_parts, prepare, reassemble, waiting_text
+from benchmarks.gpu_wheels import installed, unmet_requirements
 
 STATE = Path("/tmp/specray_gpu")  # survives between calls while the box stays warm
 MAX_OUT_FILE = 15 * MIB  # a file under $OUT comes back only under 16 MiB
@@ -55,6 +59,11 @@ class Report:
         print(f"[gpu_harness] {name}: {status} {detail}", flush=True)
         return status == "ok"
 
+    def skip(self, name: str, why: str) -> None:
+        """Record a stage that does not run in this call, and why."""
+        self.stages.append((name, "skipped", why, 0.0))
+        print(f"[gpu_harness] {name}: skipped {why}", flush=True)
+
     def markdown(self) -> str:
         rows = [f"| {n} | {s} | {d.replace('|', '/')} | {t:.0f} |".replace("\n", " ") for n, s, d, t in self.stages]
         return "\n\n".join(["# GPU harness results",
@@ -63,53 +72,110 @@ class Report:
 
 
 def stash_parts(gpu_dir: Path, state: Path) -> str:
-    """Copy the manifest and any carried parts to state/, which outlives this call; stale parts go."""
+    """Copy the manifest and the parts this call carried (gpu_dir/call-N/) to state/, which outlives
+    this call; stashed parts the manifest no longer lists (or lists with another sha256) go."""
     if not (gpu_dir / "manifest.json").is_file():
-        raise Skip(f"no {gpu_dir.name}/manifest.json here: using the packages installed on this machine")
+        raise Skip(f"no {gpu_dir.name}/manifest.json here: using what earlier calls stashed and what this "
+                   "machine has installed")
     manifest = json.loads((gpu_dir / "manifest.json").read_text())
     parts, kept = state / "parts", state / "manifest.json"
-    if kept.is_file() and json.loads(kept.read_text())["sha256"] != manifest["sha256"]:
-        shutil.rmtree(parts, ignore_errors=True)  # parts of another model file
+    shas = lambda m: {p["name"]: p["sha256"] for b in m.get("blobs", []) for p in b["parts"]}  # noqa: E731
+    old, new = shas(json.loads(kept.read_text())) if kept.is_file() else {}, shas(manifest)
     parts.mkdir(parents=True, exist_ok=True)
+    for stale in [f for f in parts.iterdir() if new.get(f.name) is None or old.get(f.name) != new[f.name]]:
+        stale.unlink()
     shutil.copyfile(gpu_dir / "manifest.json", kept)
-    new = sorted(p.name for p in gpu_dir.glob("part-*"))
-    for name in new:
-        shutil.copyfile(gpu_dir / name, parts / name)
-    return f"carried {', '.join(new) or 'no part'}; stashed: {', '.join(sorted(os.listdir(parts))) or 'none'}"
+    carried = sorted(p for p in gpu_dir.glob("call-*/*") if p.name in new)
+    for p in carried:
+        shutil.copyfile(p, parts / p.name)
+    calls = sorted({p.parent.name for p in carried})
+    return (f"carried {len(carried)} parts ({sum(p.stat().st_size for p in carried) / MIB:.1f} MiB) in "
+            f"{', '.join(calls) or 'no call folder'}; stashed {len(os.listdir(parts))} of {len(new)}")
 
 
-def install_wheels(wheels_dir: Path, site: Path) -> str:
-    """pip install the carried wheels into site/, once per set of wheels."""
-    wheels = sorted(wheels_dir.glob("*.whl"))
-    if not wheels:
-        raise Skip(f"no wheels in {wheels_dir}")
-    stamp, names = site / ".specray_wheels.json", json.dumps([w.name for w in wheels])
-    if stamp.is_file() and stamp.read_text() == names:
-        return f"already installed in {site}"
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                          "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)],
-                         capture_output=True, text=True, timeout=300)
-    if res.returncode:
-        raise RuntimeError(f"pip install --target {site} exit {res.returncode}: {res.stderr.strip()[-1500:]}")
-    stamp.write_text(names)
-    return f"installed {len(wheels)} wheels into {site}"
+def blob_dest(blob: dict, state: Path, site: Path) -> Path:
+    """Where a reassembled blob goes: a model into site/<package>/, a wheel into state/wheels/."""
+    return site / blob["package"] / blob["name"] if blob["kind"] == "model" else state / "wheels" / blob["name"]
 
 
-def place_model(state: Path, site: Path) -> str:
-    """Reassemble the stashed parts into site/<package>/<gguf> once all are here."""
+def assemble(state: Path, site: Path) -> str:
+    """Reassemble every blob whose parts are all stashed (sha256 checked) and not yet in place."""
     if not (state / "manifest.json").is_file():
         raise Skip("no manifest stashed")
     manifest = json.loads((state / "manifest.json").read_text())
-    pkg = site / manifest["package"]
-    dest = pkg / manifest["gguf"]
-    if dest.is_file() and dest.stat().st_size == manifest["size"]:
-        return f"{dest} already in place"
-    if missing := missing_parts(manifest, state / "parts"):
-        raise Skip(f"default model not assembled yet: parts still missing: {', '.join(missing)} "
-                   "(carry them in the next call)")
-    reassemble(manifest, state / "parts", dest)
-    (pkg / "__init__.py").touch()
-    return f"reassembled {dest} (sha256 checked)"
+    done_file = state / "assembled.json"
+    done = json.loads(done_file.read_text()) if done_file.is_file() else {}
+    made, ready, waiting = [], 0, []
+    for blob in manifest["blobs"]:
+        dest = blob_dest(blob, state, site)
+        if done.get(str(dest)) == blob["sha256"] and dest.is_file():
+            ready += 1
+        elif missing := missing_parts({"blobs": [blob]}, state / "parts"):
+            waiting += missing
+        else:
+            reassemble(blob, state / "parts", dest)
+            if blob["kind"] == "model":
+                (dest.parent / "__init__.py").touch()
+            done[str(dest)] = blob["sha256"]
+            done_file.write_text(json.dumps(done))
+            made.append(blob["name"])
+    shown = ", ".join(made[:4]) + (f" (+{len(made) - 4} more)" if len(made) > 4 else "")
+    text = f"reassembled {len(made)} (sha256 checked){': ' + shown if made else ''}; {ready} already in place"
+    return text + (f"; waiting for parts {waiting_text(waiting)}" if waiting else "; all blobs in place")
+
+
+def install_wheels(wheels_dir: Path, site: Path) -> str:
+    """pip install into site/ the reassembled wheels not installed yet."""
+    wheels = sorted(wheels_dir.glob("*.whl"))
+    if not wheels:
+        raise Skip(f"no wheels in {wheels_dir}")
+    stamp = site / ".specray_wheels.json"
+    installed = set(json.loads(stamp.read_text())) if stamp.is_file() else set()
+    new = [w for w in wheels if w.name not in installed]
+    if not new:
+        return f"all {len(wheels)} already installed in {site}"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, new)],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        raise RuntimeError(f"pip install --target {site} exit {res.returncode}: {res.stderr.strip()[-1500:]}")
+    stamp.write_text(json.dumps(sorted(installed | {w.name for w in new})))
+    return f"installed {len(new)} wheels into {site} ({len(wheels)} in all)"
+
+
+def check_requirements(state: Path, repo: Path) -> str:
+    """The requirements of what is installed hold with this machine's own versions: those of every
+    carried group whose blobs are all in place, and specray's own (pyproject) where installed."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    if not (state / "manifest.json").is_file():
+        raise Skip("no manifest stashed")
+    manifest = json.loads((state / "manifest.json").read_text())
+    groups = [g for g in manifest["dists"] if not missing_parts(manifest, state / "parts", g)]
+    dists = [d for g in groups for d in manifest["dists"][g]]
+    own = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
+    present = [r for r in own if installed(Requirement(r).name) is not None]
+    if problems := unmet_requirements(dists + present):
+        raise RuntimeError(f"{len(problems)} unmet (carry the dist with prepare --also NAME): {'; '.join(problems)}")
+    return f"{len(dists)} carried dists ({', '.join(groups)}) and {len(present)} of specray's: requirements met"
+
+
+def http_blocker(state: Path) -> str | None:
+    """Why the http stage cannot run in this call (None: it can): its wheels' parts still to come,
+    or no Ray here at all."""
+    import importlib.util
+
+    kept = state / "manifest.json"
+    manifest = json.loads(kept.read_text()) if kept.is_file() else {"dists": {}, "blobs": []}
+    if missing := missing_parts(manifest, state / "parts", "http"):
+        return f"waiting for parts {waiting_text(missing)}"
+    importlib.invalidate_caches()
+    if importlib.util.find_spec("ray") is None:
+        return ("ray is not importable here: see the install wheels row if a call carried it, else carry it "
+                "(python -m benchmarks.gpu_harness prepare --http)")
+    return None
 
 
 def has_default_model() -> bool:
@@ -138,7 +204,7 @@ def run_logged(cmd: list[str], env: dict, timeout: float, log: Path) -> int | No
 
 
 _VERSIONS = """import importlib.metadata as m
-for d in ("torch", "triton", "transformers", "pydantic", "gguf", "accelerate", "ray"):
+for d in ("torch", "triton", "transformers", "pydantic", "gguf", "accelerate", "ray", "grpcio", "protobuf", "openai"):
     try:
         print(d, m.version(d))
     except m.PackageNotFoundError:
@@ -199,7 +265,8 @@ def run_bench(report: Report, stage: str, extra: list[str], env: dict, timeout: 
     cmd = [sys.executable, "-m", "benchmarks.gpu_bench", "--stage", stage, "--out", str(out_dir),
            "--budget-s", f"{max(timeout - 30, 1):.0f}", *extra]
     rc = run_logged(cmd, env, timeout, out_dir / "bench.log")
-    mds = sorted(out_dir.glob("*.md"))
+    gathered = out_dir / "gpu_bench.md"  # every section (each is also in a file of its own)
+    mds = [gathered] if gathered.is_file() else sorted(out_dir.glob("*.md"))
     body = "\n\n".join(p.read_text(errors="replace") for p in mds) or \
         "```\n" + (out_dir / "bench.log").read_text(errors="replace")[-8000:] + "\n```"
     report.sections.append(f"## Benchmark: `{' '.join(cmd[1:])}`\n\n{body}")
@@ -207,7 +274,7 @@ def run_bench(report: Report, stage: str, extra: list[str], env: dict, timeout: 
         raise TimeoutError(f"killed after {timeout:.0f} s")
     if rc != 0:
         raise RuntimeError(f"exit {rc}; see bench.log")
-    return f"{len(mds)} markdown files"
+    return f"{len(list(out_dir.glob('gpu_bench_*.md')))} sections"
 
 
 def copy_out(files: list[Path], out: Path, limit: int = 8) -> None:
@@ -227,12 +294,28 @@ def sub_env(repo: Path, site: Path, state: Path, has_default: bool) -> dict:
 
 
 NO_FILES_STAGES = {"tiny", "8b", "offload"}  # run without the default model (offload notes its missing rows)
+ALL_STAGES = ("tiny", "8b", "default", "host", "draft", "offload", "http")  # gpu_bench's (it imports torch)
 
 
 def bench_stage(requested: str, has_default: bool) -> str:
     """The gpu_bench stages to run: as requested, or ``8b`` when the default model is absent and a
     requested stage needs it."""
     return requested if has_default or set(requested.split(",")) <= NO_FILES_STAGES else "8b"
+
+
+def plan_bench(requested: str, has_default: bool, http_block: str | None) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the gpu_bench --stage to run, or None for no benchmark; (row, why) for what is skipped):
+    ``none`` runs nothing, ``http`` is dropped while ``http_block`` says why it cannot run."""
+    names = ALL_STAGES if requested == "all" else tuple(s.strip() for s in requested.split(",") if s.strip())
+    if "none" in names:
+        return None, [("bench", "--stage none: this call only carries parts")]
+    skipped = []
+    if "http" in names and http_block:
+        names = tuple(n for n in names if n != "http")
+        skipped.append(("bench http", http_block))
+    if not names:
+        return None, skipped
+    return bench_stage(requested if names == ALL_STAGES else ",".join(names), has_default), skipped
 
 
 def device(args: argparse.Namespace) -> int:
@@ -243,17 +326,21 @@ def device(args: argparse.Namespace) -> int:
     site, logs = state / "site", state / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     logs.mkdir(parents=True, exist_ok=True)
     report.run("stash parts", lambda: stash_parts(repo / ".gpu", state))
-    report.run("install wheels", lambda: install_wheels(repo / ".gpu" / "wheels", site))
-    report.run("default model", lambda: place_model(state, site))
+    report.run("assemble", lambda: assemble(state, site))
+    report.run("install wheels", lambda: install_wheels(state / "wheels", site))
     sys.path[:0] = [str(repo), str(site)]
+    report.run("requirements", lambda: check_requirements(state, repo))
     has_default = has_default_model()
     env = sub_env(repo, site, state, has_default)
-    stage = bench_stage(args.stage, has_default)
-    if stage != args.stage:
+    stage, skipped = plan_bench(args.stage, has_default, http_blocker(state))
+    for name, why in skipped:
+        report.skip(name, why)
+    if stage == "8b" and "8b" not in args.stage.split(","):
         report.sections.append(f"Default model absent: the benchmark ran `--stage {stage}` instead of `{args.stage}`.")
     report.sections.append(machine_info(env))
     report.run("gpu tests", lambda: run_tests(report, env, min(args.tests_s, left()), logs))
-    report.run(f"bench {stage}", lambda: run_bench(report, stage, args.bench, env, left(), logs / "bench"))
+    if stage is not None:
+        report.run(f"bench {stage}", lambda: run_bench(report, stage, args.bench, env, left(), logs / "bench"))
     text = report.markdown()
     results = args.results or (Path(os.environ["OUT"]) / "gpu_results.md" if os.environ.get("OUT") else
                                logs / "gpu_results.md")
@@ -271,10 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="dev machine: pack wheels and model parts under --out")
     p.add_argument("--out", type=Path, default=Path(".gpu"))
-    p.add_argument("--part-mb", type=float, default=48.0, help="largest model part, MiB (one part per call)")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help="most MiB of parts per call (default: what the 64 MiB limit leaves beside the working tree)")
+    p.add_argument("--http", action="store_true",
+                   help="also carry Ray Serve and the openai client (the http stage): 4 calls instead of 2")
+    p.add_argument("--also", default="", metavar="DIST,...",
+                   help="dists the box has, carried anyway at this environment's version (e.g. grpcio,protobuf "
+                        "when the device's requirements row says the box's are too old)")
     d = sub.add_parser("device", help="GPU machine: install, reassemble, run the gpu tests and benchmark")
     d.add_argument("--stage", default="all",
-                   help="gpu_bench stages: tiny, 8b, default, host, draft, offload (comma-separated) or all")
+                   help="gpu_bench stages: tiny, 8b, default, host, draft, offload, http (comma-separated), all, or "
+                        "none (only stash, reassemble and install)")
     d.add_argument("--results", type=Path, help="results markdown (default $OUT/gpu_results.md)")
     d.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for the whole call")
     d.add_argument("--tests-s", type=float, default=240.0, help="most of the budget the tests may use")
@@ -285,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         return device(args)
     gguf, package = _default_model()
     repo = Path.cwd().resolve()
-    print(prepare((repo / args.out).resolve(), args.part_mb, repo, gguf.resolve(), package))
+    also = tuple(d.strip() for d in args.also.split(",") if d.strip())
+    try:
+        print(prepare((repo / args.out).resolve(), repo, gguf.resolve(), package, args.http, also, args.part_mb))
+    except ValueError as e:
+        print(f"gpu_harness prepare: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

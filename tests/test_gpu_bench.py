@@ -150,12 +150,14 @@ def test_all_on_cpu_skips_8b_and_a_failing_stage_is_a_row(tmp_path, monkeypatch,
         out, "draft", "| draft ran |\n|---|", {}))
     monkeypatch.setattr(gpu_bench, "offload_section", lambda args, device, out: gpu_bench.write_section(
         out, "offload", "| offload ran |\n|---|", {}))
+    monkeypatch.setattr(gpu_bench, "http_section", lambda args, device, out: gpu_bench.write_section(
+        out, "http", "| http ran |\n|---|", {}))
     assert gpu_bench.main(["--stage", "all", "--device", "cpu", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "gpu_bench.md").read_text()
     assert "| tiny | failed: RuntimeError: out of memory |" in md
     assert "| 8b | skipped: needs CUDA, not cpu |" in md and "| ran |" in md
-    assert "| host ran |" in md and "| draft ran |" in md and "| offload ran |" in md
-    assert capsys.readouterr().out.count("## ") == 6  # every section printed
+    assert "| host ran |" in md and "| draft ran |" in md and "| offload ran |" in md and "| http ran |" in md
+    assert capsys.readouterr().out.count("## ") == 7  # every section printed
 
 
 def test_stages_parse():

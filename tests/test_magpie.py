@@ -11,7 +11,7 @@ import torch
 
 from training.data import SampledShare
 from training.magpie import (OPENERS, REQUEST_DRAW, Conversation, clean_request, draw_openers, engine_complete,
-                             generate_magpie, hf_complete, run_wave, user_turn_prefix)
+                             generate_magpie, hf_complete, length_batches, run_wave, user_turn_prefix)
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +128,9 @@ def test_follow_ups_take_about_their_share(encoder):
 
 def test_generate_magpie_writes_one_shard_per_wave_and_resumes(encoder, tmp_path):
     tok = encoder.tokenizer
-
-    class Slow(Scripted):
-        def __call__(self, prompts, max_tokens, draws):
-            time.sleep(0.1)
-            return super().__call__(prompts, max_tokens, draws)
-
-    script = Slow(tok, {"": "Please explain how a bicycle gear works in detail."})
+    script = Scripted(tok, {"": "Please explain how a bicycle gear works in detail."})
     words = ["lantern", "harbour", "meadow"]
-    n = generate_magpie(script, encoder, words, tmp_path, time.time() + 0.2, wave=6, seed=2)
+    n = generate_magpie(script, encoder, words, tmp_path, float("inf"), wave=6, seed=2, max_waves=1)
     shards = sorted((tmp_path / "responses").glob("magpie-*.jsonl"))
     assert [s.name for s in shards] == ["magpie-00000.jsonl"]
     rows = [json.loads(line) for line in shards[0].read_text(encoding="utf-8").splitlines()]
@@ -144,7 +138,7 @@ def test_generate_magpie_writes_one_shard_per_wave_and_resumes(encoder, tmp_path
     assert set(rows[0]) == {"index", "kind", "turn", "prompt_ids", "output_ids"}
 
     assert generate_magpie(script, encoder, words, tmp_path, time.time() - 1, wave=6, seed=2) == n  # out of time
-    n2 = generate_magpie(script, encoder, words, tmp_path, time.time() + 0.2, wave=6, seed=2)
+    n2 = generate_magpie(script, encoder, words, tmp_path, float("inf"), wave=6, seed=2, max_waves=1)
     shards = sorted((tmp_path / "responses").glob("magpie-*.jsonl"))
     assert len(shards) == 2 and n2 > n
     second = [json.loads(line) for line in shards[1].read_text(encoding="utf-8").splitlines()]
@@ -165,3 +159,14 @@ def test_engine_and_hf_backends_complete_alike(tiny_target_dir, tiny_prompts):
     assert ours(prompts, 6, draws) == ours(prompts, 6, draws)
     assert hf(prompts, 6, draws) == hf(prompts, 6, draws)
     assert ours([], 6, []) == [] == hf([], 6, [])
+
+
+def test_length_batches_keep_padded_tokens_within_the_budget():
+    lengths = [30, 3000, 40, 35, 2900, 50, 45]
+    batches = length_batches(lengths, max_tokens=100, budget=1000)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 100) <= 1000
+    assert [1] in batches and [4] in batches, "each long document alone"
+    assert [lengths[b[0]] for b in batches] == sorted(lengths[b[0]] for b in batches), "by length"
+    assert length_batches([], 10, 100) == []

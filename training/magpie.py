@@ -173,9 +173,23 @@ def engine_complete(engine, concurrency: int) -> Complete:
     return complete
 
 
-def hf_complete(model, tokenizer, device) -> Complete:
-    """``Complete`` through transformers' padded ``generate`` (a GPU): greedy rows in one call, each
-    (temperature, top_p) group in another, seeded by its first draw."""
+def length_batches(lengths: list[int], max_tokens: int, budget: int) -> list[list[int]]:
+    """Indices of prompts of ``lengths`` in batches for a padded ``generate``: by length, each batch's
+    rows x (its longest prompt + ``max_tokens``) within ``budget`` tokens (a lone longer prompt still
+    gets a batch of its own)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * (lengths[i] + max_tokens) <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def hf_complete(model, tokenizer, device, batch_tokens: int = 1 << 18) -> Complete:
+    """``Complete`` through transformers' padded ``generate`` (a GPU): greedy rows and each
+    (temperature, top_p) group apart, prompts of similar length together in batches of at most
+    ``batch_tokens`` padded tokens (a long document must not pad a whole wave to its length)."""
     import torch
 
     from training.hf_data import _eos_ids, hf_generate
@@ -189,10 +203,12 @@ def hf_complete(model, tokenizer, device) -> Complete:
             groups.setdefault(None if d is None else d[:2], []).append(i)
         for key, idx in groups.items():
             share = None if key is None else SampledShare(1.0, key[0], key[1])
-            if key is not None:
-                torch.manual_seed(draws[idx[0]][2])
-            for i, a in zip(idx, hf_generate(model, [prompts[i] for i in idx], eos, max_tokens, share, device)):
-                out[i] = a
+            for batch in length_batches([len(prompts[i]) for i in idx], max_tokens, batch_tokens):
+                rows = [idx[b] for b in batch]
+                if key is not None:
+                    torch.manual_seed(draws[rows[0]][2])
+                for i, a in zip(rows, hf_generate(model, [prompts[i] for i in rows], eos, max_tokens, share, device)):
+                    out[i] = a
         return out
 
     return complete
@@ -200,8 +216,8 @@ def hf_complete(model, tokenizer, device) -> Complete:
 
 def generate_magpie(complete: Complete, encoder, words: list[str], out_dir: Path, deadline: float,
                     wave: int = 192, seed: int = 0, share: SampledShare = SampledShare(),
-                    max_tokens: int = 160) -> int:
-    """Waves of ``wave`` conversations until ``deadline`` (a wave that starts finishes; requests and
+                    max_tokens: int = 160, max_waves: int | None = None) -> int:
+    """Waves of ``wave`` conversations until ``deadline`` or ``max_waves`` waves (a wave that starts finishes; requests and
     answers at most ``max_tokens``, requests at most 96), each saved
     as ``responses/magpie-NNNNN.jsonl``; a re-run continues after the last saved wave. Returns the
     number of answers on disk."""
@@ -212,15 +228,15 @@ def generate_magpie(complete: Complete, encoder, words: list[str], out_dir: Path
     paras = stdlib_paragraphs()
     t0, ntok = time.time(), 0
     n = len(list(resp_dir.glob("magpie-*.jsonl")))
-    last = 0.0
-    while time.time() + 0.5 * last < deadline:
+    last, done = 0.0, 0
+    while time.time() + 0.5 * last < deadline and (max_waves is None or done < max_waves):
         t = time.time()
         rng = random.Random(f"magpie-{seed}-{n}")
         rows = run_wave(complete, encoder, draw_openers(rng, wave, words, paras, n * wave), seed, share, max_tokens,
                         request_tokens=min(96, max_tokens))
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         _atomic_write(resp_dir / f"magpie-{n:05d}.jsonl", lambda p: p.write_text(text, encoding="utf-8"))
-        n, last = n + 1, time.time() - t
+        n, last, done = n + 1, time.time() - t, done + 1
         ntok += sum(len(r["output_ids"]) for r in rows)
         log.info("magpie: wave %d, %d answers (%d second turns), %d answer tokens so far at %.0f tok/s",
                  n, len(rows), sum(r["turn"] > 1 for r in rows), ntok, ntok / (time.time() - t0))

@@ -163,7 +163,8 @@ def http_section(args, device, out: Path) -> str:
     """The stage: in-process first, then the server; one table, written like every section."""
     import importlib.util
 
-    from benchmarks.gpu_bench import out_of_time, write_section
+    from benchmarks.gpu_bench import write_section
+    from benchmarks.gpu_engine_stages import out_of_time
     from benchmarks.report import md_table
 
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("openai") is None:

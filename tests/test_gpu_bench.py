@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():  # before any kernel module is imported (the attention bench's kernels)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from benchmarks import gpu_bench  # noqa: E402
+from benchmarks import gpu_bench, gpu_engine_stages  # noqa: E402
 from benchmarks import step_costs as sc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def test_default_rows():
                speedup=1.5, mean_accepted_length=2.25, num_errors=0)
     peer = dict(peer="transformers.static_compiled", counterpart="none", spec_tokens=None, tokens_per_s=400.0,
                 ratio=2.03, note=None, batch=64)
-    assert gpu_bench.default_rows([row], [peer]) == [
+    assert gpu_engine_stages.default_rows([row], [peer]) == [
         ["specray default", "auto K<=5 w3 n10", "64", "812.35", "12.3", "1.50x", "2.25", "-", ""],
         ["transformers.static_compiled", "-", "64", "400.00", "-", "-", "-", "2.03x", ""]]
 

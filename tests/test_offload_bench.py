@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import gpu_bench
+from benchmarks import gpu_bench, gpu_engine_stages
 from benchmarks import offload_bench as ob
 
 SPEC = "random:tiny-8l"  # 8 layers: with 3 or more offloaded, every forward streams them
@@ -113,11 +113,11 @@ def test_stage_parts_tables_goals_and_budget(tmp_path):
     notes, got_rows, got_peers = [], [], []
 
     def save():
-        gpu_bench._ratios(got_rows, got_peers)
-        engine = gpu_bench.md_table(gpu_bench.DEFAULT_HEAD, gpu_bench.default_rows(got_rows, got_peers))
+        gpu_engine_stages._ratios(got_rows, got_peers)
+        engine = gpu_engine_stages.md_table(gpu_engine_stages.DEFAULT_HEAD, gpu_engine_stages.default_rows(got_rows, got_peers))
         return ob.stage_markdown(None, engine, ob.goal_rows(None, got_rows, got_peers))
 
-    md = gpu_bench.run_parts(args, [part((rows, [])), boom, part(([], [peer]))], notes, got_rows, got_peers, save)
+    md = gpu_engine_stages.run_parts(args, [part((rows, [])), boom, part(([], [peer]))], notes, got_rows, got_peers, save)
     assert notes == ["a part failed: RuntimeError: CUDA out of memory"] and len(calls) == 2
     assert "| --draft default (auto K<=8 w4 n32) vs plain, both offloaded, c=1 | 4.00x | >= 3x |" in md
     assert "| --draft default (auto K<=8 w4 n32) vs transformers + accelerate CPU offload | 8.00x | >= 5x |" in md
@@ -125,7 +125,7 @@ def test_stage_parts_tables_goals_and_budget(tmp_path):
     # a spent budget: no part starts, the note says so
     late = SimpleNamespace(deadline=0.0, budget_s=60.0)
     notes, calls[:] = [], []
-    gpu_bench.run_parts(late, [part((rows, []))], notes, [], [], lambda: "")
+    gpu_engine_stages.run_parts(late, [part((rows, []))], notes, [], [], lambda: "")
     assert not calls and notes == ["the remaining parts were skipped: --budget-s 60 was spent"]
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import fmt, machine_info, md_table
+from benchmarks.report import machine_info, md_table
 
 STAGES = ("tiny", "8b", "default", "host", "draft", "offload", "http")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}

@@ -45,7 +45,7 @@ class ShardSpec:
     dtype: str = "float32"
     device: str = "cpu"
     num_threads: int = 1  # torch threads per rank: the cores a rank owns
-    attention_backend: str = "auto"  # auto | torch | triton (actors.model.attention_backends)
+    attention_backend: str = "auto"  # auto | torch | triton | native (actors.model.attention_backends)
     # CUDA graphs at tp=1 only for now (a TP group would capture its all-reduces in lockstep)
     enforce_eager: bool = False
     max_num_seqs: int = 64  # sizes the graphs' static inputs

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from benchmarks.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_TEMPLATE = REPO / "ray_configs" / "serve_local.yaml"
@@ -53,12 +54,6 @@ def replica_cpus() -> int:
 
     return max(1, int(yaml.safe_load(SERVE_TEMPLATE.read_text(encoding="utf-8"))["applications"][0]["args"]
                       .get("num_cpus", 1)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(url: str) -> bool:

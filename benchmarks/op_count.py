@@ -2,6 +2,7 @@
 
     python -m benchmarks.op_count [--model smollm2-135m] [--device cpu|cuda] [--batch 1,8]
                                   [--context 128] [--threads 2] [--time 20]
+                                  [--attention-backend auto|torch|triton|native]
 
 A step is one ``Verifier.forward_logits`` call as the engine makes it: the ForwardBatch built from
 host lists, the forward over every token, the LM head on the rows verification needs. For each
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=128, help="tokens already cached per sequence")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time each step: median of N")
+    ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+                    help="the model's attention and fused ops, as the engine sets them (auto: as it runs)")
     args = ap.parse_args(argv)
     try:
         batches = [int(b) for b in args.batch.split(",")]
@@ -216,13 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--device cuda: no CUDA device is visible here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from actors.model.attention_backends import set_attention_backend
     from actors.model.loader import load_model
 
     device = torch.device(args.device)
     model = load_model(args.model, device=device).model
+    backend = set_attention_backend(model, args.attention_backend, device)
     cuda = device.type == "cuda"
     print(f"{args.model} on {args.device} ({model.dtype}, {len(model.layers)} layers, "
-          f"{torch.get_num_threads()} threads), context {args.context}")
+          f"{torch.get_num_threads()} threads, {backend} attention), context {args.context}")
     for b in batches:
         runner = StepRunner(model, b, args.context, device)
         for kind, label in STEPS:

@@ -25,13 +25,14 @@ import argparse
 import asyncio
 import json
 import random
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.ports import free_port
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "ray_configs" / "serve_local.yaml"
 GREEDY = {"prompt": "The three primary colours are", "max_tokens": 32, "temperature": 0.0}
@@ -316,12 +317,6 @@ def run_soak(url: str, opts: SoakOptions) -> SoakResult:
 
 
 # ---- a local server for the run -------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def local_server(config: str | Path) -> Iterator[str]:
     """The first application of Serve config file ``config`` on a new local Ray instance, HTTP on a
@@ -332,7 +327,7 @@ def local_server(config: str | Path) -> Iterator[str]:
     from cluster.serve_config_file import load_serve_file
 
     app = load_serve_file(config).apps[0]  # validated before Ray starts
-    port = _free_port()
+    port = free_port()
     ray.init(address="local", include_dashboard=False, log_to_driver=False, namespace="specray-soak")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -44,8 +44,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"),
-                   help="attention kernels: triton (paged KV read in place) or torch; auto = triton on CUDA")
+    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+                   help="attention and fused ops: triton (CUDA), native (C++ CPU kernels) or torch (reference); "
+                        "auto = triton on CUDA, native on CPU for float32 models")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: run every step eagerly instead of replaying CUDA graphs of the decode/verify buckets")
     p.add_argument("--no-prefix-caching", action="store_true",

@@ -273,9 +273,10 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=16)
     enable_prefix_caching: bool = True
     num_threads: int | None = Field(None, ge=1)
-    # attention (and fused small ops) of the target: Triton kernels over the paged KV cache, or the
-    # pure-torch reference; auto = triton on CUDA, torch on CPU (actors/model/attention_backends.py)
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # attention (and fused small ops) of the target: Triton kernels over the paged KV cache (CUDA), the
+    # C++ CPU kernels (native), or the pure-torch reference; auto = triton on CUDA, native on CPU for
+    # fp32 models where the kernels build, else torch (actors/model/attention_backends.py)
+    attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
     # True: no CUDA graphs (decode and verify steps launch every kernel; debugging, comparisons)
     enforce_eager: bool = False
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)

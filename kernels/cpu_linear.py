@@ -1,30 +1,30 @@
-"""y = x W^T on CPU through oneDNN with the weight reordered once into its blocked layout.
+"""y = x W^T on CPU over a weight repacked once: the C++ kernel of ``kernels.cpu_native`` for fp32
+(the default), oneDNN's inner product over its blocked layout for bf16 or where the kernels cannot
+be built.
 
-``F.linear`` on CPU hands fp32 products to MKL, which on the project's 2-core AMD box streams
-SmolLM2-135M's 538 MB of weights at ~18 GB/s for 1 row, re-reads them for a few rows, and runs
-prefill-sized products at half of what the cores do (MKL takes its slower paths on non-Intel
-CPUs). oneDNN's inner-product primitive over a weight reordered once into its blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``, as PyTorch's own frozen CPU graphs do) reads the
-weights once per product at any row count and uses AVX-512 (and AVX512-BF16 for bf16) on any
-x86 CPU. ``python -m benchmarks.cpu_linear`` measures both on your machine; here (2 threads, ms
-per pass over all 30 layers and the LM head): fp32 1 row 30 -> 9.4, 8 rows 40 -> 12.6, 64 rows
-112 -> 44; bf16 weights 1 row 5.8, 16 rows 10.6.
+``F.linear`` on CPU hands fp32 products to MKL, whose rows depend on how many rows share the product
+(greedy verification cannot take that) and which re-reads the weights for a few rows. Both paths
+here read the weights once per product at any row count, and give every row the same bits whatever
+rows share its product (tested), which greedy verification relies on: a draft is checked against
+exactly what plain decoding would compute. ``python -m benchmarks.cpu_linear`` measures them on
+your machine; on the 2-core Xeon (AVX-512) VM of 2026-11-27, ms per pass over SmolLM2-135M's
+538 MB of fp32 weights, 2 threads: 1 row 20.7 native / 34.5 oneDNN / 23.1 MKL, 8 rows 27.4 / 38.2,
+64 rows 79 / 92; from ~256 rows (long prefills) oneDNN is ~1.3x faster.
 
-The reordered copy is made on the first product with a weight and kept on the weight tensor; an
-in-place change of the weight (its ``_version``) makes a new one (inference tensors have no version:
-change them by making new ones). Products that need gradients,
-other devices, other dtypes, and ``SPECRAY_CPU_LINEAR=torch`` keep ``F.linear``. Each row's
-result does not depend on how many rows share the product (tested), which greedy verification
-relies on: a draft is checked against exactly what plain decoding would compute.
+``SPECRAY_CPU_LINEAR`` picks: ``auto`` (native fp32 products when the kernels build, else oneDNN),
+``native`` (an error if they cannot be built), ``onednn``, ``torch`` (``F.linear``). The packed copy
+is made on the first product with a weight and kept on the weight tensor; an in-place change of the
+weight (its ``_version``) makes a new one (inference tensors have no version: change them by making
+new ones). Products that need gradients, other devices and other dtypes keep ``F.linear``.
 
-Row counts are padded to a bucket (``padded_rows``: exact up to 16, then 8 sizes per doubling, at
-most 12.5% more rows, zeros). oneDNN builds and caches a primitive per product shape (ideep's and
-oneDNN's caches, 1024 entries each, ~0.5 MB per shape for both): a server's steps have hundreds of
-distinct row counts (trees, prefill chunks), so exact shapes filled both caches, then evicted and
-rebuilt primitives (~0.7 ms each) and fragmented the heap: RSS grew without a plateau (+400 MB
-over 400 requests of the default model in-process, still rising). With buckets the caches stop
-growing once every bucket has been seen, and never evict. The padding costs ~5% of the products'
-time over 17-450 rows (with every shape cached; nothing up to 16 rows).
+oneDNN only: row counts are padded to a bucket (``padded_rows``: exact up to 16, then 8 sizes per
+doubling, at most 12.5% more rows, zeros). oneDNN builds and caches a primitive per product shape
+(ideep's and oneDNN's caches, 1024 entries each, ~0.5 MB per shape for both): a server's steps have
+hundreds of distinct row counts (trees, prefill chunks), so exact shapes filled both caches, then
+evicted and rebuilt primitives (~0.7 ms each) and fragmented the heap: RSS grew without a plateau.
+With buckets the caches stop growing once every bucket has been seen, and never evict. Its 1-row
+kernel sums in another order than its multi-row one, so a lone token's products run as two rows
+(``lone_row_doubled``).
 """
 from __future__ import annotations
 
@@ -41,30 +41,62 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-ENABLED = (os.environ.get("SPECRAY_CPU_LINEAR", "onednn") != "torch"  # read once: checked per product
-           and torch.backends.mkldnn.is_available())
+from kernels import cpu_native  # noqa: E402
+
+KINDS = ("auto", "native", "onednn", "torch")
+KIND = os.environ.get("SPECRAY_CPU_LINEAR", "auto")  # read once
+if KIND not in KINDS:
+    raise ValueError(f"SPECRAY_CPU_LINEAR={KIND!r} is not one of {', '.join(KINDS)}")
+# products over packed weights at all (native or oneDNN); False: F.linear everywhere
+ENABLED = KIND == "native" or (KIND != "torch" and torch.backends.mkldnn.is_available())
 DTYPES = (torch.float32, torch.bfloat16)
+_native: list = []  # [bool] once resolved: fp32 products run kernels.cpu_native
 # The batch size the reorder is tuned for. 1 picks a layout that is slower from 2 rows on and whose
 # rows depend on the row count; 8 to 64 measured alike for 1 to 64 rows.
 PACK_HINT = 32
 
 
+def native() -> bool:
+    """Whether fp32 products run the C++ kernel (``kernels.cpu_native``; built on the first call)."""
+    if not _native:
+        ok = ENABLED and KIND in ("auto", "native") and cpu_native.load()
+        if KIND == "native" and not ok:
+            raise RuntimeError(f"SPECRAY_CPU_LINEAR=native but the CPU kernels cannot be used: "
+                               f"{cpu_native.unavailable_reason()}; unset it to fall back to oneDNN")
+        _native.append(ok)
+    return _native[0]
+
+
+def _native_dtype(dtype: torch.dtype) -> bool:
+    return dtype is torch.float32 and native()
+
+
+def lone_row_doubled(dtype: torch.dtype) -> bool:
+    """Whether a one-token forward should run as two identical rows: oneDNN's 1-row kernel sums in
+    another order than its multi-row one (ForwardBatch.doubled); the native kernel's rows never do."""
+    return ENABLED and dtype in DTYPES and not _native_dtype(dtype)
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear`` takes the reordered-weight path for this input."""
+    """Whether ``linear`` takes the packed-weight path (native or oneDNN) for this input."""
     return (ENABLED and x.device.type == "cpu" and weight.dtype in DTYPES and x.dtype is weight.dtype
             and x.dim() >= 2 and x.shape[-1] == weight.shape[1] and x.numel() > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
 def packs(weight: torch.Tensor) -> bool:
-    """Whether products with ``weight`` (and an input of its dtype) read the reordered copy."""
+    """Whether products with ``weight`` (and an input of its dtype) read the packed copy."""
     return ENABLED and weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] -> a new oneDNN blocked copy (an opaque tensor: copy_ between two works)."""
+    """weight [out, in] -> a new packed copy: ``cpu_native.pack_linear``'s tiles for fp32 with the
+    native kernels, else a oneDNN blocked copy (an opaque tensor). copy_ between two packs works."""
     with torch.no_grad():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
+        w = weight.detach().contiguous()
+        if _native_dtype(w.dtype):
+            return cpu_native.pack_linear(w)
+        return torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
 
 
 def _version(weight: torch.Tensor) -> int:
@@ -75,17 +107,17 @@ def bind_reordered(weight: torch.Tensor, packed: torch.Tensor) -> None:
     """Products with ``weight`` read ``packed`` (a ``pack`` of the same shape) from now on, until
     ``weight`` changes in place: a weight streamed from another tier (actors/model/weight_offload.py)
     is copied into ``packed`` and never materialised in the plain layout."""
-    weight._specray_onednn = (_version(weight), packed)
+    weight._specray_packed = (_version(weight), packed)
 
 
 def reordered(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] in oneDNN's blocked layout, made once per weight version and cached on it."""
+    """weight [out, in] packed (``pack``), made once per weight version and cached on it."""
     version = _version(weight)
-    cached = getattr(weight, "_specray_onednn", None)
+    cached = getattr(weight, "_specray_packed", None)
     if cached is not None and cached[0] == version:
         return cached[1]
     packed = pack(weight)
-    weight._specray_onednn = (version, packed)
+    weight._specray_packed = (version, packed)
     return packed
 
 
@@ -95,6 +127,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     flat = x.dim() == 2  # the model's products: no reshape or view around them (each is an op)
     rows = x if flat else x.reshape(-1, x.shape[-1])
+    if x.dtype is torch.float32 and native():
+        rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+        out = cpu_native.linear(rows, reordered(weight), weight.shape[0], bias)
+        return out if flat else out.view(*x.shape[:-1], -1)
     m = rows.shape[0]
     if m == 1:  # oneDNN's 1-row kernel sums in another order: take the multi-row one
         out = _product(torch.cat((rows, rows)), weight, bias)[:1]  # 1 op; expand + contiguous is 7

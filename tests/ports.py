@@ -1,13 +1,7 @@
 """Free local TCP ports for servers the tests start, and greedy in-process references for them."""
 from __future__ import annotations
 
-import socket
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks.ports import free_port  # noqa: F401  (re-exported for the tests)
 
 
 def greedy_reference(loaded, config, prompt: str, messages: list[dict], max_tokens: int) -> dict:

@@ -44,7 +44,10 @@ def test_config_cli_and_serve_args_carry_the_backend():
 
 
 def test_resolve_backend():
-    assert ab.resolve_backend("auto", "cpu") == "torch"
+    from kernels import cpu_native
+
+    assert ab.resolve_backend("auto", "cpu") == ("native" if cpu_native.load() else "torch")
+    assert ab.resolve_backend("auto", "cpu", torch.bfloat16) == "torch"  # the C++ kernels are fp32
     assert ab.resolve_backend("auto", "cuda") == "triton"
     assert ab.resolve_backend("triton", "cpu") == "triton"
     with pytest.raises(ValueError, match="flash"):
@@ -73,7 +76,7 @@ def test_set_backend_sets_and_resets_the_hooks(tiny_model):
     attn, norm, mlp = (tiny_model.layers[0].self_attn, tiny_model.layers[0].post_attention_layernorm,
                        tiny_model.layers[0].mlp)
     on_cuda = DEVICE == "cuda"
-    assert ab.set_attention_backend(tiny_model, "auto") == ("triton" if on_cuda else "torch")
+    assert ab.set_attention_backend(tiny_model, "auto") == ("triton" if on_cuda else ab.resolve_backend("auto", "cpu"))
     assert ab.set_attention_backend(tiny_model, "torch") == "torch"
     assert attn.attend is paged_attention and norm.fused_add_norm is None and attn.rope_write_kv is None
     assert ab.set_attention_backend(tiny_model, "triton") == "triton"
@@ -84,6 +87,7 @@ def test_set_backend_sets_and_resets_the_hooks(tiny_model):
     assert norm.fused_add_norm is not None and mlp.fused_act is not None and attn.rope_write_kv is not None
     ab.set_attention_backend(tiny_model, "torch")
     assert attn.attend is paged_attention and norm.fused_add_norm is None and mlp.fused_act is None
+    assert norm.fused_norm is None
 
 
 def _on_device(batch):

@@ -5,10 +5,14 @@
   KV cache in place, fed from the ``ForwardBatch`` by ``triton_paged_attention`` below; with fused
   ops (on CUDA by default) also the Triton RMSNorm + residual and SiLU-and-multiply kernels and
   RoPE fused with the KV-cache write (``kernels.triton_fused``);
-- ``auto``: triton on CUDA, torch elsewhere.
+- ``native``: the C++ CPU kernels of ``kernels.cpu_native`` (fp32 models on CPU): attention reading
+  the paged KV cache in place, RMSNorm (+ residual), SiLU-and-multiply and RoPE fused with the KV
+  write, each one op per layer, with rows whose bits never depend on what shares the call;
+- ``auto``: triton on CUDA; on CPU native for fp32 models when the kernels build, torch otherwise.
 
 ``set_attention_backend(model, name)`` sets the hooks on the model's modules (LlamaAttention's
-``attend`` and ``rope_write_kv``, RMSNorm's ``fused_add_norm``, SwiGLUMLP's ``fused_act``); the
+``attend`` and ``rope_write_kv``, RMSNorm's ``fused_add_norm`` and ``fused_norm``, SwiGLUMLP's
+``fused_act``); the
 engine calls it once per model it runs. The Triton modules are imported only when chosen, so
 ``TRITON_INTERPRET=1`` (Triton on CPU, tests) may be set any time before the first triton model.
 """
@@ -21,18 +25,50 @@ from actors.model.attention import paged_attention
 from actors.model.batch import ForwardBatch
 from actors.model.layers import RMSNorm, SwiGLUMLP
 from actors.model.llama import LlamaAttention
+from kernels import cpu_native
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "native")
 CACHE_KEY = "triton_attention"
+NATIVE_KEY = "native_attention"
 
 
-def resolve_backend(name: str, device: torch.device | str) -> str:
-    """'auto' | 'torch' | 'triton' -> 'torch' or 'triton' for a model on ``device``."""
+def resolve_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.float32) -> str:
+    """'auto' | 'torch' | 'triton' | 'native' -> the backend a model of ``dtype`` on ``device`` runs
+    ('auto': triton on CUDA; native on CPU for fp32 when the C++ kernels load, else torch)."""
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
+    cpu = torch.device(device).type == "cpu"
     if name == "auto":
-        return "triton" if torch.device(device).type == "cuda" else "torch"
+        if not cpu:
+            return "triton" if torch.device(device).type == "cuda" else "torch"
+        return "native" if dtype is torch.float32 and cpu_native.load() else "torch"
+    if name == "native":
+        if not cpu or dtype is not torch.float32:
+            raise ValueError(f"attention backend 'native' runs float32 models on CPU (this one is {dtype} on "
+                             f"{device}): use 'auto'")
+        if not cpu_native.load():
+            raise ValueError(f"attention backend 'native': the CPU kernels cannot be built here "
+                             f"({cpu_native.unavailable_reason()}); use 'auto' or 'torch'")
     return name
+
+
+def backend_runs(attend, dtype: torch.dtype) -> bool:
+    """Whether a model of ``dtype`` can share a model's attention ``attend`` (and its fused RoPE + KV
+    write): the native CPU kernels are float32 only (a bf16 EAGLE head keeps the torch attention)."""
+    return attend is not native_paged_attention or dtype is torch.float32
+
+
+def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+                           scale: float) -> torch.Tensor:
+    """``paged_attention``'s contract on the C++ CPU kernel: q [N, h, d] -> [N, h, d]. The batch's
+    metadata (and its tree masks, packed) is made ready once per forward in ``batch.cache``."""
+    meta = batch.cache.get(NATIVE_KEY)
+    if meta is None:
+        tree = cpu_native.pack_windows(batch.window_masks) if batch.window_masks else None
+        meta = batch.cache[NATIVE_KEY] = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(),
+                                          batch.block_tables.contiguous(), tree)
+    qsl, kv_lens, tables, tree = meta
+    return cpu_native.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, tree)
 
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
@@ -62,10 +98,10 @@ def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.de
     ops (RMSNorm + residual, SiLU-and-multiply, RoPE + KV write); None = with triton on CUDA only."""
     if device is None:
         device = next(model.parameters()).device
-    backend = resolve_backend(name, device)
+    backend = resolve_backend(name, device, next(model.parameters()).dtype)
     use_triton = backend == "triton"
     fused = use_triton and (torch.device(device).type == "cuda" if fused_ops is None else fused_ops)
-    attend, norm, act, rope = paged_attention, None, None, None
+    attend, norm, act, rope, plain_norm = paged_attention, None, None, None, None
     if use_triton:
         from kernels.triton_attention import INTERPRETED
 
@@ -77,9 +113,12 @@ def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.de
         from kernels import triton_fused
 
         norm, act, rope = triton_fused.rmsnorm_residual, triton_fused.silu_and_mul, triton_fused.rope_write_kv
+    if backend == "native":
+        attend, norm, act = native_paged_attention, cpu_native.rmsnorm_residual, cpu_native.silu_and_mul
+        rope, plain_norm = cpu_native.rope_write_kv, cpu_native.rmsnorm
     for m in model.modules():
         if isinstance(m, RMSNorm):
-            m.fused_add_norm = norm
+            m.fused_add_norm, m.fused_norm = norm, plain_norm
         elif isinstance(m, SwiGLUMLP):
             m.fused_act = act
         elif isinstance(m, LlamaAttention):

@@ -119,6 +119,7 @@ def _divide(n: int, d: int, what: str) -> int:
 
 class RMSNorm(nn.Module):
     fused_add_norm = None  # (x, residual, weight, eps) -> (normed, sum); set by attention_backends
+    fused_norm = None  # (x, weight, eps) -> normed; set by attention_backends
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()
@@ -143,7 +144,7 @@ class RMSNorm(nn.Module):
         """x [N, H]. Without residual returns norm(x); with residual [N, H] returns
         (norm(x + residual), x + residual), reusing x's storage for the sum."""
         if residual is None:
-            return self._norm(x)
+            return self._norm(x) if self.fused_norm is None else self.fused_norm(x, self.weight, self.eps)
         if self.fused_add_norm is not None:
             return self.fused_add_norm(x, residual, self.weight, self.eps)
         x = x.add_(residual)

@@ -25,6 +25,7 @@ from actors.model.layers import (
     VocabParallelEmbedding,
 )
 from actors.model.rope import RotaryEmbedding, apply_rotary_halves
+from kernels import cpu_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads_per_rank, head_dim]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos [N, 1, 1, head_dim // 2], signed sin [N, 1, 2, head_dim // 2]
@@ -37,6 +38,17 @@ _STACKED = (
     (".gate_up_proj.", ".gate_proj.", 0),
     (".gate_up_proj.", ".up_proj.", 1),
 )
+
+
+_ROPE_ROWS = "rope_cos_sin_rows"
+
+
+def _cos_sin_rows(rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused RoPE kernels' operands: cos and +sin, N rows of d / 2 with one row stride (the signed
+    table's second half; halves_tables' views of one [N, 3, d / 2] lookup share the row stride)."""
+    cos, signed_sin = rope
+    sin = signed_sin[:, :, 1]
+    return (cos, sin) if sin.stride(0) == cos.stride(0) else (cos.contiguous(), sin.contiguous())
 
 
 class LlamaAttention(nn.Module):
@@ -57,12 +69,14 @@ class LlamaAttention(nn.Module):
         n, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [N, (h + 2 kvh) d]
         if self.rope_write_kv is not None:  # one launch: rotate q and k, write k and v
-            cos, signed_sin = rope  # the kernel takes +sin [N, d / 2] rows of cos's stride: the signed table's second half
-            sin = signed_sin[:, :, 1]  # halves_tables' views of one [N, 3, d / 2] lookup share the row stride
-            if sin.stride(0) != cos.stride(0):
-                cos, sin = cos.contiguous(), sin.contiguous()
-            q = self.rope_write_kv(qkv, cos, sin, batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
-            return self.o_proj(self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale).reshape(n, h * d))
+            # made by the first layer, read by every layer; keyed by this forward's tables (a CUDA graph
+            # bucket's batch, and its cache, lives on across steps)
+            made = batch.cache.get(_ROPE_ROWS)
+            if made is None or made[0] is not rope:
+                made = batch.cache[_ROPE_ROWS] = (rope, _cos_sin_rows(rope))
+            q = self.rope_write_kv(qkv, *made[1], batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
+            out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
+            return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))
         # views by as_strided: one op each, where view + slice/split take 2-4 (qkv [N, (h + 2 kvh) d] is contiguous)
         row = qkv.stride(0)
         halves = qkv.as_strided((n, h + kvh, 2, d // 2), (row, d, d // 2, 1))  # q and k: [N, heads, halves, d / 2]
@@ -122,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
         x = self.embed_tokens(batch.input_ids)  # [N, H]
         rope = self.rotary.halves_tables(batch.positions)  # once per forward
-        lone = batch.num_tokens == 1 and x.device.type == "cpu"
+        lone = batch.num_tokens == 1 and x.device.type == "cpu" and cpu_linear.lone_row_doubled(x.dtype)
         if lone:  # oneDNN's products: two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
             batch, x = batch.doubled(), x.expand(2, -1)
         residual = None

@@ -308,6 +308,7 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
+    from actors.model.attention_backends import backend_runs
     from actors.verifier import Verifier
 
     if head_path is None:
@@ -326,7 +327,8 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
     proposer = EagleProposer(head.attach(target, f"target {model!r}"), tree_width)
     attn = next((m for m in target.modules() if hasattr(m, "rope_write_kv")), None)
-    if attn is not None:  # the head runs the target's attention backend (and its fused RoPE + KV write)
+    if attn is not None and backend_runs(attn.attend, proposer.dtype):
+        # the head runs the target's attention backend (and its fused RoPE + KV write)
         proposer.attend, head.rope_write_kv = attn.attend, attn.rope_write_kv
     if verifier.graphs is not None:  # the target replays graphs: so does the head
         inputs = verifier.graphs.inputs

@@ -1,0 +1,207 @@
+"""The CPU kernels in C++ (``kernels/csrc``): the products, attention over the paged KV cache and the
+fused small ops of a decoder layer, built on first use with this machine's compiler for its own
+instruction set and registered as torch ops (``torch.ops.specray_cpu``).
+
+Why: the eager CPU forward spent ~70 dispatcher ops per layer (about 2,100 per decode step of the
+default model) and oneDNN's products streamed the weights at ~16 GB/s for one row where the memory
+does ~27 GB/s (``python -m benchmarks.cpu_linear``, ``benchmarks.roofline``). Here a layer is nine
+ops: two norms, four products, RoPE fused with the KV write, attention, SiLU-and-multiply.
+
+Every kernel computes a row from that row's operands alone, in one fixed order (``csrc/vec16.h``):
+the bits of a token's logits do not depend on how many rows share a product, nor on whether the
+token is a plain decode step, a prefill row or a token-tree node (attention lists a query's visible
+keys in position order and never touches masked ones). Greedy speculative decoding is then lossless
+bit for bit, not only empirically.
+
+The references the tests hold the kernels to: ``F.linear``; ``kernels.triton_fused``'s
+``rmsnorm_residual_ref``, ``silu_and_mul_ref``, ``rope_write_kv_ref``; ``kernels.triton_attention``'s
+``paged_attention_ref``.
+
+Build: ``torch.utils.cpp_extension.load`` (g++ and ninja) into torch's extension cache, named by a
+hash of the sources and of this CPU's model and flags, so a changed source or another CPU builds
+anew (about 20 s on 2 cores) and a built one loads in well under a second. ``SPECRAY_CPU_KERNELS=0``
+turns the kernels off; without a compiler ``load()`` returns False and ``unavailable_reason()`` says
+why, and the model keeps the oneDNN products and the torch attention.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("ops.cpp", "linear.cpp", "fused.cpp", "attention.cpp")
+HEADERS = ("kernels.h", "vec16.h")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
+LANES = 16  # output columns per packed weight tile
+
+_lock = threading.Lock()
+_state: dict = {"ok": None, "why": None}
+
+
+def cpu_fingerprint() -> str:
+    """The CPU's model name and instruction-set flags (what ``-march=native`` compiles for)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(sorted(set(keep))) or platform.machine()
+
+
+def build_name(extra_cflags: tuple[str, ...] = ()) -> str:
+    """The extension's name: a hash of the sources, the flags and this CPU."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
+    h.update(" ".join(CFLAGS + extra_cflags).encode() + cpu_fingerprint().encode() + torch.__version__.encode())
+    return f"specray_cpu_{h.hexdigest()[:12]}"
+
+
+def build(extra_cflags: tuple[str, ...] = (), namespace: str = "specray_cpu", verbose: bool = False) -> str:
+    """Compile (or find already compiled) and load the kernels as ``torch.ops.<namespace>``; returns
+    the extension's name. Raises what the compiler or loader raised."""
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    flags = [*CFLAGS, *extra_cflags, f"-DSPECRAY_NS={namespace}"]
+    name = build_name(tuple(flags[len(CFLAGS):]))
+    cpp_extension.load(name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=flags,
+                       extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], is_python_module=False,
+                       verbose=verbose)
+    return name
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH: put the pip package's (a project dependency) there when the
+    virtual environment is not activated and the system has none."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def load() -> bool:
+    """Whether the kernels are loaded; builds them on the first call (thread-safe, once per process)."""
+    if _state["ok"] is not None:
+        return _state["ok"]
+    with _lock:
+        if _state["ok"] is None:
+            _state["ok"], _state["why"] = _try_load()
+            if not _state["ok"]:
+                log.warning("specray CPU kernels unavailable (%s): oneDNN products and torch attention instead",
+                            _state["why"])
+    return _state["ok"]
+
+
+def _try_load() -> tuple[bool, str | None]:
+    if os.environ.get("SPECRAY_CPU_KERNELS", "1") == "0":
+        return False, "turned off by SPECRAY_CPU_KERNELS=0"
+    if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
+        return False, f"no build for {platform.machine()}"
+    try:
+        build()
+        _bind()
+    except Exception as e:  # no compiler, no ninja, a compile error: the caller falls back
+        return False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+    return True, None
+
+
+def unavailable_reason() -> str | None:
+    """Why ``load()`` returned False (None when the kernels are loaded or not yet tried)."""
+    return _state["why"]
+
+
+def _bind() -> None:
+    """Module-level handles on the ops' default overloads (an attribute lookup less per call)."""
+    ops = torch.ops.specray_cpu
+    g = globals()
+    for name in ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv",
+                 "paged_attention", "has_avx512"):
+        g[f"_{name}"] = getattr(ops, name).default
+
+
+def _not_loaded(*args, **kwargs):
+    raise RuntimeError(f"the specray CPU kernels are not loaded (load() first): {unavailable_reason() or 'not built'}")
+
+
+_pack_linear = _linear = _rmsnorm = _rmsnorm_residual = _silu_and_mul = _rope_write_kv = _paged_attention = \
+    _has_avx512 = _not_loaded  # until _bind()
+
+
+def has_avx512() -> bool:
+    """Whether the build uses AVX-512 (else 16-lane arrays the compiler vectorises as it can)."""
+    return load() and bool(_has_avx512())
+
+
+# ---------------------------------------------------------------- the kernels (call load() first)
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] fp32 -> packed [ceil(N / 16), K, 16]: tile t holds columns 16t.., zero past N."""
+    return _pack_linear(weight)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (rows contiguous) @ W^T + bias -> [M, n] over ``pack_linear(W)``."""
+    return _linear(x, packed, n, bias)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, H] -> x * rsqrt(mean(x^2) + eps) * weight [N, H]."""
+    return _rmsnorm(x, weight, eps)
+
+
+def rmsnorm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """x, residual [N, H] -> (rmsnorm(x + residual) [N, H], x now holding x + residual)."""
+    return _rmsnorm_residual(x, residual, weight, eps), x
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [N, 2I] (gate | up) -> silu(gate) * up [N, I]."""
+    return _silu_and_mul(x)
+
+
+def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, h: int, kvh: int) -> torch.Tensor:
+    """qkv [N, (h + 2 kvh) d]; cos/sin N rows of d/2; slot_mapping [N] int64; caches [blocks, bs, kvh, d]
+    -> rotated q [N, h, d], after writing rotated k and v at the slots."""
+    return _rope_write_kv(qkv, cos, sin, slot_mapping, k_cache, v_cache, h, kvh)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    kv_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """q [N, h, d]; caches [blocks, bs, kvh, d]; query_start_loc [B+1], kv_lens [B], block_tables [B, max_blocks]
+    (int64) -> [N, h, d]. ``tree``: ``pack_windows`` of the batch's window masks (None: all causal)."""
+    if tree is None:
+        return _paged_attention(q, k_cache, v_cache, query_start_loc, kv_lens, block_tables, scale)
+    return _paged_attention(q, k_cache, v_cache, query_start_loc, kv_lens, block_tables, scale, *tree)
+
+
+def pack_windows(windows: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Per-sequence window masks ([q_b, w_b] bool; None = causal) -> (win_lens [B] int64, row_start [B]
+    int64, mask [R, W] bool), sequence b's rows at ``row_start[b]``; None when every sequence is causal."""
+    if all(w is None for w in windows):
+        return None
+    width = max(int(w.shape[1]) for w in windows if w is not None)
+    rows = sum(int(w.shape[0]) for w in windows if w is not None)
+    mask = torch.zeros(rows, width, dtype=torch.bool)
+    win_lens, row_start, r = [], [], 0
+    for w in windows:
+        win_lens.append(0 if w is None else int(w.shape[1]))
+        row_start.append(r)
+        if w is not None:
+            mask[r:r + w.shape[0], :w.shape[1]] = w
+            r += int(w.shape[0])
+    return torch.tensor(win_lens, dtype=torch.int64), torch.tensor(row_start, dtype=torch.int64), mask

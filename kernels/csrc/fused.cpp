@@ -1,0 +1,178 @@
+// Row-wise small ops of the decoder layer, each one pass over its rows: RMSNorm (with the residual
+// add), SiLU-and-multiply, and RoPE fused with the KV-cache write. Rows are independent: threads
+// split rows, and a row's reductions run in one fixed order (vec16.h).
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include <cmath>
+
+namespace specray {
+namespace {
+
+// grain: rows per thread chunk such that a chunk is at least ~16k elements of work
+inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+
+// out = s * rsqrt(sum(s^2) / H + eps) * w for one row s [H]
+inline void norm_row(const float* s, const float* w, float* out, int64_t H, float eps) {
+  V16 acc = vzero();
+  int64_t j = 0;
+  for (; j + kLanes <= H; j += kLanes) {
+    const V16 v = vload(s + j);
+    acc = vfma(v, v, acc);
+  }
+  if (j < H) {
+    const V16 v = vload_n(s + j, static_cast<int>(H - j));
+    acc = vfma(v, v, acc);
+  }
+  const float r = 1.f / std::sqrt(vsum(acc) / static_cast<float>(H) + eps);
+  const V16 rv = vset1(r);
+  for (j = 0; j + kLanes <= H; j += kLanes) vstore(out + j, vmul(vmul(vload(s + j), rv), vload(w + j)));
+  if (j < H) {
+    const int n = static_cast<int>(H - j);
+    vstore_n(out + j, vmul(vmul(vload_n(s + j, n), rv), vload_n(w + j, n)), n);
+  }
+}
+
+void check_rows(const at::Tensor& t, const char* what) {
+  check_f32(t, what);
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, what, " must be [N, H] with contiguous rows, got ", t.sizes(),
+              " strides ", t.strides());
+}
+
+}  // namespace
+
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "rmsnorm: x");
+  check_f32(weight, "rmsnorm: weight");
+  const int64_t N = x.size(0), H = x.size(1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H && weight.is_contiguous(), "rmsnorm: weight must be [", H,
+              "], got ", weight.sizes());
+  at::Tensor out = at::empty({N, H}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const float* wp = weight.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t sx = x.stride(0);
+  at::parallel_for(0, N, grain(H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * sx, wp, op + r * H, H, static_cast<float>(eps));
+  });
+  return out;
+}
+
+at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_rows(x, "rmsnorm_residual: x");
+  check_rows(residual, "rmsnorm_residual: residual");
+  check_f32(weight, "rmsnorm_residual: weight");
+  const int64_t N = x.size(0), H = x.size(1);
+  TORCH_CHECK(residual.size(0) == N && residual.size(1) == H && weight.dim() == 1 && weight.size(0) == H &&
+                  weight.is_contiguous(),
+              "rmsnorm_residual: x ", x.sizes(), ", residual ", residual.sizes(), ", weight ", weight.sizes(),
+              " do not match");
+  at::Tensor out = at::empty({N, H}, x.options());
+  float* xp = x.mutable_data_ptr<float>();
+  const float* rp = residual.const_data_ptr<float>();
+  const float* wp = weight.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t sx = x.stride(0), sr = residual.stride(0);
+  at::parallel_for(0, N, grain(H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* s = xp + r * sx;
+      const float* res = rp + r * sr;
+      int64_t j = 0;
+      for (; j + kLanes <= H; j += kLanes) vstore(s + j, vadd(vload(s + j), vload(res + j)));
+      for (; j < H; ++j) s[j] = s[j] + res[j];
+      norm_row(s, wp, op + r * H, H, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  check_rows(x, "silu_and_mul: x");
+  TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: x's last dim must be even (gate | up), got ", x.size(1));
+  const int64_t N = x.size(0), I = x.size(1) / 2;
+  at::Tensor out = at::empty({N, I}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t sx = x.stride(0);
+  const V16 one = vset1(1.f);
+  at::parallel_for(0, N, grain(I), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* g = xp + r * sx;
+      const float* u = g + I;
+      float* o = op + r * I;
+      for (int64_t j = 0; j < I; j += kLanes) {
+        const int n = static_cast<int>(std::min<int64_t>(kLanes, I - j));
+        const V16 gv = vload_n(g + j, n);
+        const V16 silu = vdiv(gv, vadd(one, vexp(vsub(vzero(), gv))));  // g / (1 + exp(-g))
+        vstore_n(o + j, vmul(silu, vload_n(u + j, n)), n);
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                         const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh) {
+  check_rows(qkv, "rope_write_kv: qkv");
+  check_f32(cos, "rope_write_kv: cos");
+  check_f32(sin, "rope_write_kv: sin");
+  check_i64(slots, "rope_write_kv: slot_mapping");
+  check_f32(k_cache, "rope_write_kv: k_cache");
+  check_f32(v_cache, "rope_write_kv: v_cache");
+  const int64_t N = qkv.size(0);
+  TORCH_CHECK(h > 0 && kvh > 0 && qkv.size(1) % (h + 2 * kvh) == 0, "rope_write_kv: qkv width ", qkv.size(1),
+              " is not (h + 2 kvh) * d for h=", h, ", kvh=", kvh);
+  const int64_t d = qkv.size(1) / (h + 2 * kvh), half = d / 2;
+  TORCH_CHECK(d % 2 == 0, "rope_write_kv: head_dim ", d, " must be even");
+  // cos/sin: N rows of d/2 (e.g. [N, d/2], [N, 1, d/2] or [N, 1, 1, d/2]), each row contiguous
+  TORCH_CHECK(cos.size(0) == N && sin.size(0) == N && cos.size(-1) == half && sin.size(-1) == half &&
+                  cos.numel() == N * half && sin.numel() == N * half && cos.stride(-1) == 1 && sin.stride(-1) == 1,
+              "rope_write_kv: cos ", cos.sizes(), " / sin ", sin.sizes(), " must be N=", N, " rows of d/2=", half,
+              " contiguous values");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == N, "rope_write_kv: slot_mapping must be [", N, "], got ",
+              slots.sizes());
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(-1) == d && k_cache.size(-2) == kvh,
+              "rope_write_kv: caches ", k_cache.sizes(), " / ", v_cache.sizes(), " must be contiguous [..., kvh=", kvh,
+              ", d=", d, "]");
+  const int64_t num_slots = k_cache.numel() / (kvh * d);
+  at::Tensor q = at::empty({N, h, d}, qkv.options());
+  const float* src = qkv.const_data_ptr<float>();
+  const float* cp = cos.const_data_ptr<float>();
+  const float* sp = sin.const_data_ptr<float>();
+  const int64_t* slot = slots.const_data_ptr<int64_t>();
+  float* qp = q.mutable_data_ptr<float>();
+  float* kp = k_cache.mutable_data_ptr<float>();
+  float* vp = v_cache.mutable_data_ptr<float>();
+  const int64_t sq = qkv.stride(0), sc = cos.stride(0), ss = sin.stride(0);
+  for (int64_t i = 0; i < N; ++i)
+    TORCH_CHECK(slot[i] < num_slots, "rope_write_kv: slot_mapping[", i, "] = ", slot[i], " is outside the cache's ",
+                num_slots, " slots");
+  // rotate-half: first half x1 cos - x2 sin, second x2 cos + x1 sin (two roundings each, no fma)
+  auto rotate = [half](const float* x, const float* c, const float* s, float* out) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float x1 = x[j], x2 = x[j + half];
+      out[j] = x1 * c[j] - x2 * s[j];
+      out[j + half] = x2 * c[j] + x1 * s[j];
+    }
+  };
+  at::parallel_for(0, N, grain((h + 2 * kvh) * d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = src + r * sq;
+      const float* c = cp + r * sc;
+      const float* s = sp + r * ss;
+      for (int64_t j = 0; j < h; ++j) rotate(row + j * d, c, s, qp + (r * h + j) * d);
+      if (slot[r] < 0) continue;  // a padded row: nothing written
+      float* kdst = kp + slot[r] * kvh * d;
+      float* vdst = vp + slot[r] * kvh * d;
+      for (int64_t j = 0; j < kvh; ++j) rotate(row + (h + j) * d, c, s, kdst + j * d);
+      const float* v = row + (h + kvh) * d;
+      for (int64_t j = 0; j < kvh * d; ++j) vdst[j] = v[j];
+    }
+  });
+  return q;
+}
+
+}  // namespace specray

@@ -1,0 +1,108 @@
+// 16 fp32 lanes: AVX-512 where the compiler targets it, plain arrays elsewhere (AVX2 machines get
+// them vectorised by the compiler). Every operation is defined lane by lane with one rounding
+// (fma is fused in both), and the reductions sum in one fixed order, so a kernel's result for a
+// row depends only on that row's operands: never on how many rows share a call, nor on threads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace specray {
+
+constexpr int kLanes = 16;
+
+#if defined(__AVX512F__)
+constexpr bool kAvx512 = true;
+
+struct V16 {
+  __m512 v;
+};
+
+inline __mmask16 lanes_mask(int n) { return n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1); }
+inline V16 vzero() { return {_mm512_setzero_ps()}; }
+inline V16 vset1(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 vload_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(lanes_mask(n), p)}; }
+inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline void vstore_n(float* p, V16 a, int n) { _mm512_mask_storeu_ps(p, lanes_mask(n), a.v); }
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c, one rounding
+inline V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 vdiv(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 vmin(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V16 vround(V16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V16 vscale2(V16 a, V16 n) { return {_mm512_scalef_ps(a.v, n.v)}; }  // a * 2^n, n integral
+// lanes below `bound` keep a, the others become 0
+inline V16 vzero_below(V16 a, V16 x, float bound) {
+  return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x.v, _mm512_set1_ps(bound), _CMP_GE_OQ), a.v)};
+}
+// fixed pairwise order: lanes i and i+8, then i and i+4, i+2, i+1
+inline float vsum(V16 a) {
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+inline float vmaxr(V16 a) { return _mm512_reduce_max_ps(a.v); }
+
+#else
+constexpr bool kAvx512 = false;
+
+struct V16 {
+  float v[kLanes];
+};
+
+#define SPECRAY_LANES for (int i = 0; i < kLanes; ++i)
+inline V16 vzero() { V16 r; SPECRAY_LANES r.v[i] = 0.f; return r; }
+inline V16 vset1(float x) { V16 r; SPECRAY_LANES r.v[i] = x; return r; }
+inline V16 vload(const float* p) { V16 r; SPECRAY_LANES r.v[i] = p[i]; return r; }
+inline V16 vload_n(const float* p, int n) { V16 r; SPECRAY_LANES r.v[i] = i < n ? p[i] : 0.f; return r; }
+inline void vstore(float* p, V16 a) { SPECRAY_LANES p[i] = a.v[i]; }
+inline void vstore_n(float* p, V16 a, int n) { for (int i = 0; i < n && i < kLanes; ++i) p[i] = a.v[i]; }
+inline V16 vfma(V16 a, V16 b, V16 c) { V16 r; SPECRAY_LANES r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
+inline V16 vadd(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] + b.v[i]; return r; }
+inline V16 vsub(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] - b.v[i]; return r; }
+inline V16 vmul(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] * b.v[i]; return r; }
+inline V16 vdiv(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] / b.v[i]; return r; }
+inline V16 vmax(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return r; }
+inline V16 vmin(V16 a, V16 b) { V16 r; SPECRAY_LANES r.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i]; return r; }
+inline V16 vround(V16 a) { V16 r; SPECRAY_LANES r.v[i] = std::nearbyint(a.v[i]); return r; }
+inline V16 vscale2(V16 a, V16 n) { V16 r; SPECRAY_LANES r.v[i] = std::ldexp(a.v[i], static_cast<int>(n.v[i])); return r; }
+inline V16 vzero_below(V16 a, V16 x, float bound) { V16 r; SPECRAY_LANES r.v[i] = x.v[i] >= bound ? a.v[i] : 0.f; return r; }
+inline float vsum(V16 a) {
+  float h[8], q[4];
+  for (int i = 0; i < 8; ++i) h[i] = a.v[i] + a.v[i + 8];
+  for (int i = 0; i < 4; ++i) q[i] = h[i] + h[i + 4];
+  float lo = q[0] + q[2], hi = q[1] + q[3];
+  return lo + hi;
+}
+inline float vmaxr(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+#undef SPECRAY_LANES
+#endif
+
+// exp(x) lane by lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), within
+// ~2 ulp of expf over [-87, 88]; 0 below -87.3 (where expf is denormal or 0), +large clamped to 88.4.
+inline V16 vexp(V16 x) {
+  const V16 hi = vset1(88.3762626647949f), lo = vset1(-88.3762626647949f);
+  V16 xc = vmin(vmax(x, lo), hi);
+  V16 n = vround(vmul(xc, vset1(1.44269504088896341f)));
+  V16 r = vfma(n, vset1(-0.693359375f), xc);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V16 p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  V16 y = vfma(vmul(p, r), r, vadd(r, vset1(1.f)));
+  return vzero_below(vscale2(y, n), x, -87.3f);
+}
+
+}  // namespace specray

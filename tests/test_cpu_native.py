@@ -1,0 +1,277 @@
+"""kernels/cpu_native.py: each C++ CPU kernel against its torch reference (tiny shapes), the property
+greedy verification stands on (a row's bits never depend on what shares the call: a tree node gets
+exactly its plain-decode bits), clear errors that name the bad value, and the portable build (no
+AVX-512) checked the same way in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # the references live beside the Triton kernels: import them interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels import cpu_native as cn  # noqa: E402
+from kernels.triton_attention import paged_attention_ref  # noqa: E402
+from kernels.triton_fused import rmsnorm_residual_ref, rope_write_kv_ref, silu_and_mul_ref  # noqa: E402
+from tests.model.test_tree_attention import ancestor_mask  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cn.load(), reason=f"CPU kernels not built: {cn.unavailable_reason()}")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------- products
+
+@pytest.mark.parametrize("m, k, n", [(1, 64, 16), (3, 96, 130), (12, 40, 33), (13, 576, 64), (29, 17, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_equals_f_linear(m, k, n, bias):
+    g = _gen(m * k + n)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    packed = cn.pack_linear(w)
+    assert packed.shape == (-(-n // 16), k, 16)
+    y = cn.linear(x, packed, n, b)
+    assert y.shape == (m, n) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_linear_row_gets_the_same_bits_whatever_shares_the_call():
+    g = _gen(1)
+    w, x = torch.randn(70, 48, generator=g), torch.randn(40, 48, generator=g)
+    packed = cn.pack_linear(w)
+    every = cn.linear(x, packed, 70)
+    for rows in (1, 2, 7, 11, 12, 13, 25, 40):
+        part = cn.linear(x[:rows], packed, 70)
+        assert all(torch.equal(part[j], every[j]) for j in range(rows)), rows
+    strided = torch.randn(40, 96, generator=g)[:, :48]  # rows 96 apart: read in place
+    strided.copy_(x)
+    assert torch.equal(cn.linear(strided, packed, 70), every)
+
+
+def test_linear_threads_do_not_change_bits():
+    g = _gen(2)
+    w, x = torch.randn(300, 64, generator=g), torch.randn(9, 64, generator=g)
+    packed = cn.pack_linear(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cn.linear(x, packed, 300)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(cn.linear(x, packed, 300), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- small fused ops
+
+def test_rmsnorm_and_residual_match_the_reference():
+    g = _gen(3)
+    x, r, w = torch.randn(5, 72, generator=g), torch.randn(5, 72, generator=g), torch.randn(72, generator=g)
+    want_norm, want_sum = rmsnorm_residual_ref(x.clone(), r.clone(), w, 1e-5)
+    got_x = x.clone()
+    normed, summed = cn.rmsnorm_residual(got_x, r, w, 1e-5)
+    assert summed is got_x and torch.equal(summed, want_sum)  # the sum is written into x, as the hook promises
+    torch.testing.assert_close(normed, want_norm, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cn.rmsnorm(x, w, 1e-6), F.rms_norm(x, (72,), w, 1e-6), rtol=1e-5, atol=1e-5)
+    # a row alone gets the bits it gets among others
+    assert torch.equal(cn.rmsnorm(x[2:3], w, 1e-6)[0], cn.rmsnorm(x, w, 1e-6)[2])
+
+
+def test_silu_and_mul_matches_the_reference_over_a_wide_range():
+    g = _gen(4)
+    x = torch.cat([torch.randn(3, 2 * 40, generator=g) * 30, torch.linspace(-120, 120, 160).view(2, 80)])
+    want = silu_and_mul_ref(x)
+    torch.testing.assert_close(cn.silu_and_mul(x), want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("h, kvh", [(4, 4), (6, 2), (8, 2)])
+def test_rope_write_kv_gives_the_reference_bits_and_skips_padded_rows(h, kvh):
+    g = _gen(h * 10 + kvh)
+    n, d = 5, 16
+    qkv = torch.randn(n, (h + 2 * kvh) * d, generator=g)
+    angles = torch.rand(n, d // 2, generator=g) * 6
+    cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # [N, 1, d/2], as the model passes them
+    slots = torch.tensor([3, 17, -1, 40, 0])
+    caches = [torch.zeros(3, 16, kvh, d) for _ in range(4)]
+    want = rope_write_kv_ref(qkv[[0, 1, 3, 4]], cos[[0, 1, 3, 4]], sin[[0, 1, 3, 4]], slots[[0, 1, 3, 4]],
+                             caches[0], caches[1], h, kvh)
+    got = cn.rope_write_kv(qkv, cos, sin, slots, caches[2], caches[3], h, kvh)
+    assert torch.equal(got[[0, 1, 3, 4]], want)  # no fma: the same two roundings as the torch ops
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])  # slot -1 wrote nothing
+
+
+# ---------------------------------------------------------------- attention
+
+def _caches(num_blocks: int, bs: int, kvh: int, d: int, seed: int):
+    g = _gen(seed)
+    return torch.randn(num_blocks, bs, kvh, d, generator=g), torch.randn(num_blocks, bs, kvh, d, generator=g)
+
+
+def _batch(q_lens: list[int], kv_lens: list[int], bs: int, num_blocks: int, seed: int):
+    """query_start_loc, kv_lens, block tables (shuffled, disjoint; padded with 0)."""
+    need = [-(-kv // bs) for kv in kv_lens]
+    perm = torch.randperm(num_blocks, generator=_gen(seed)).tolist()
+    tables, i = [], 0
+    for n in need:
+        tables.append(perm[i:i + n] + [0] * (max(need) - n))
+        i += n
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist())
+    return qsl, torch.tensor(kv_lens), torch.tensor(tables)
+
+
+CASES = {
+    "decode": ([1, 1, 1], [5, 40, 17], None),
+    "prefill": ([9, 20], [9, 20], None),
+    "mixed": ([1, 7, 4], [33, 7, 24], None),
+    "chunked-prefill": ([6], [38], None),
+    "tree": ([1, 5, 8], [19, 21, 45], [None, "chain", "tree"]),
+}
+TREE = [-1, 0, 0, 1, 1, 2, 5, 3]
+
+
+def _window(kind: str | None, q: int) -> torch.Tensor | None:
+    if kind == "chain":
+        return torch.ones(q, q, dtype=torch.bool).tril()
+    if kind == "tree":
+        return ancestor_mask(TREE)
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("h, kvh", [(4, 4), (6, 2), (8, 2)], ids=["gqa1", "gqa3", "gqa4"])
+@pytest.mark.parametrize("bs", [16, 32])
+def test_paged_attention_matches_the_reference(case, h, kvh, bs):
+    q_lens, kv_lens, kinds = CASES[case]
+    d, num_blocks = 24, 12
+    qsl, lens, tables = _batch(q_lens, kv_lens, bs, num_blocks, seed=len(case))
+    windows = [_window(k, q) for k, q in zip(kinds or [None] * len(q_lens), q_lens)]
+    q = torch.randn(int(qsl[-1]), h, d, generator=_gen(7))
+    k_cache, v_cache = _caches(num_blocks, bs, kvh, d, seed=8)
+    want = paged_attention_ref(q, k_cache, v_cache, qsl, lens, tables, 0.2, windows)
+    got = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.2, cn.pack_windows(windows))
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_tree_node_gets_exactly_the_bits_of_plain_decoding_its_path():
+    """The node's visible keys (context + its ancestors, siblings masked) and the same keys laid out
+    one after another, as plain decoding of that path writes them: bit-identical outputs."""
+    h, kvh, d, bs, ctx = 6, 2, 32, 16, 21
+    k_cache, v_cache = _caches(8, bs, kvh, d, seed=9)
+    table = torch.tensor([[3, 6, 1]])
+    q = torch.randn(len(TREE), h, d, generator=_gen(10))
+    tree = cn.pack_windows([ancestor_mask(TREE)])
+    kv = ctx + len(TREE)
+    tree_out = cn.paged_attention(q, k_cache, v_cache, torch.tensor([0, len(TREE)]), torch.tensor([kv]), table, 0.3,
+                                  tree)
+    flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
+    slot = lambda p: int(table[0, p // bs]) * bs + p % bs  # noqa: E731
+    for node in (3, 6, 7):
+        chain = [node]
+        while TREE[chain[-1]] >= 0:
+            chain.append(TREE[chain[-1]])
+        chain.reverse()  # root .. node
+        plain_k, plain_v = k_cache.clone(), v_cache.clone()
+        for depth, n in enumerate(chain):  # the path's keys at consecutive positions after the context
+            plain_k.view(-1, kvh, d)[slot(ctx + depth)] = flat_k[slot(ctx + n)]
+            plain_v.view(-1, kvh, d)[slot(ctx + depth)] = flat_v[slot(ctx + n)]
+        out = cn.paged_attention(q[node:node + 1], plain_k, plain_v, torch.tensor([0, 1]),
+                                 torch.tensor([ctx + len(chain)]), table, 0.3)
+        assert torch.equal(out[0], tree_out[node]), node
+
+
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
+    h, kvh, d, bs = 4, 2, 16, 16
+    k_cache, v_cache = _caches(10, bs, kvh, d, seed=11)
+    qsl, lens, tables = _batch([1, 6, 3], [30, 6, 40], bs, 10, seed=12)
+    q = torch.randn(10, h, d, generator=_gen(13))
+    together = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.25)
+    alone = cn.paged_attention(q[7:10], k_cache, v_cache, torch.tensor([0, 3]), lens[2:], tables[2:], 0.25)
+    assert torch.equal(alone, together[7:10])
+
+
+# ---------------------------------------------------------------- errors
+
+def test_bad_inputs_are_clear_errors_naming_the_value():
+    q, (k, v) = torch.randn(2, 4, 16), _caches(4, 16, 2, 16, seed=0)
+    qsl, lens, tables = torch.tensor([0, 2]), torch.tensor([5]), torch.tensor([[1]])
+    with pytest.raises(RuntimeError, match=r"block_tables\[0\]\[0\] = 9 is outside the cache's 4 blocks"):
+        cn.paged_attention(q, k, v, qsl, lens, torch.tensor([[9]]), 0.1)
+    with pytest.raises(RuntimeError, match="kv_len 40"):
+        cn.paged_attention(q, k, v, qsl, torch.tensor([40]), tables, 0.1)
+    with pytest.raises(RuntimeError, match="must be a float32 CPU tensor, got BFloat16"):
+        cn.paged_attention(q.bfloat16(), k, v, qsl, lens, tables, 0.1)
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 64 is outside the cache's 64 slots"):
+        cn.rope_write_kv(torch.randn(2, 8 * 16), torch.ones(2, 8), torch.zeros(2, 8), torch.tensor([0, 64]),
+                         k, v, 4, 2)
+    with pytest.raises(RuntimeError, match="does not fit x"):
+        cn.linear(torch.randn(2, 8), cn.pack_linear(torch.randn(4, 9)), 4)
+    with pytest.raises(RuntimeError, match="must be even"):
+        cn.silu_and_mul(torch.randn(2, 7))
+    assert torch.equal(k, _caches(4, 16, 2, 16, seed=0)[0])  # nothing written by the refused calls
+
+
+# ---------------------------------------------------------------- the build
+
+def test_the_build_is_named_by_sources_flags_and_cpu():
+    name = cn.build_name()
+    assert name.startswith("specray_cpu_") and name == cn.build_name()
+    assert cn.build_name(("-mno-avx512f",)) != name
+
+
+def test_the_portable_build_without_avx512_matches_the_references():
+    """CPUs without AVX-512 get the 16-lane arrays of vec16.h: built here with -mno-avx512f, under
+    another op namespace, in a fresh process."""
+    code = f"""
+import torch, torch.nn.functional as F
+from kernels import cpu_native as cn
+from kernels.triton_fused import silu_and_mul_ref
+from kernels.triton_attention import paged_attention_ref
+cn.build(("-mno-avx512f",), namespace="specray_cpu_portable")
+ops = torch.ops.specray_cpu_portable
+assert not ops.has_avx512()
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(13, 40, generator=g), torch.randn(37, 40, generator=g)
+y = ops.linear(x, ops.pack_linear(w), 37, None)
+torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
+assert torch.equal(ops.linear(x[:1], ops.pack_linear(w), 37, None)[0], y[0])
+s = torch.randn(4, 2 * 35, generator=g) * 20
+torch.testing.assert_close(ops.silu_and_mul(s), silu_and_mul_ref(s), rtol=2e-6, atol=1e-6)
+k, v = torch.randn(6, 16, 2, 24, generator=g), torch.randn(6, 16, 2, 24, generator=g)
+q = torch.randn(5, 4, 24, generator=g)
+qsl, lens, tables = torch.tensor([0, 1, 5]), torch.tensor([30, 20]), torch.tensor([[2, 4], [5, 1]])
+torch.testing.assert_close(ops.paged_attention(q, k, v, qsl, lens, tables, 0.2),
+                           paged_attention_ref(q, k, v, qsl, lens, tables, 0.2), rtol=2e-5, atol=2e-5)
+print("portable ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "portable ok" in res.stdout, res.stdout + res.stderr
+
+
+def test_turned_off_the_model_keeps_onednn_and_torch_attention():
+    code = """
+import torch
+from kernels import cpu_linear, cpu_native
+from actors.model.attention_backends import resolve_backend
+assert not cpu_native.load() and "SPECRAY_CPU_KERNELS=0" in cpu_native.unavailable_reason()
+assert resolve_backend("auto", "cpu") == "torch" and not cpu_linear.native()
+assert cpu_linear.lone_row_doubled(torch.float32) == cpu_linear.ENABLED
+try:
+    resolve_backend("native", "cpu")
+except ValueError as e:
+    print("refused:", e)
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SPECRAY_CPU_KERNELS": "0", "PYTHONPATH": str(ROOT)})
+    assert "refused: attention backend 'native'" in res.stdout and "SPECRAY_CPU_KERNELS=0" in res.stdout, \
+        res.stdout + res.stderr

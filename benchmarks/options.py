@@ -163,6 +163,8 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
                    help="KV cache size of the in-process engine (default: the engine's); high concurrency "
                         "with long prompts needs more, or the scheduler holds requests back")
+    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+                   help="the in-process target's attention and fused ops (auto: triton on CUDA, native on CPU)")
     p.add_argument("--offload-layers", type=int, default=0, metavar="N",
                    help="the in-process target's last N decoder layers stream from host memory per forward "
                         "(weight offload; default 0)")
@@ -189,4 +191,5 @@ def engine_options(args) -> dict:
     """EngineConfig fields set from the command line (None: the engine's default)."""
     return {"num_threads": args.threads, "kv_cache_gb": args.kv_cache_gb, "dtype": args.dtype,
             "device": getattr(args, "device", "auto"),
+            "attention_backend": getattr(args, "attention_backend", "auto"),
             "offload": {"layers": args.offload_layers} if getattr(args, "offload_layers", 0) else None}

@@ -95,8 +95,23 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         w = weight.detach().contiguous()
         if _native_dtype(w.dtype):
-            return cpu_native.pack_linear(w)
+            storage = getattr(weight, "_specray_storage", None)  # store_as
+            return cpu_native.pack_linear(w if storage is None else w.to(storage))
         return torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
+
+
+def store_as(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Products with the fp32 ``weight`` read its packed copy in ``dtype`` from now on (bfloat16: half
+    the bytes to stream; each value is widened exactly before its product, so inputs, sums and outputs
+    stay fp32). Native kernels only: returns False (and changes nothing) where the products are not
+    theirs. The EAGLE head stores its matrices this way (memory-bound at batch 1)."""
+    if not (packs(weight) and weight.dtype is torch.float32 and native()):
+        return False
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"store_as: weights are stored as float32 or bfloat16, not {dtype}")
+    weight._specray_storage = None if dtype is torch.float32 else dtype
+    weight._specray_packed = (_version(weight), pack(weight))
+    return True
 
 
 def _version(weight: torch.Tensor) -> int:

@@ -23,7 +23,7 @@ from torch import nn
 
 from actors.model.attention import write_kv
 from actors.model.layers import RotaryEmbedding, apply_rotary
-from kernels.cpu_linear import linear
+from kernels.cpu_linear import linear, store_as
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_HEADS = {"smollm2-135m": WEIGHTS_DIR / "smollm2-135m.safetensors"}  # model alias -> committed head
@@ -56,6 +56,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, w.shape, w, eps)
 
 
+def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2I] (gate | up) -> [..., I]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``, through the CPU few-row products when drafting (training batches keep F.linear)."""
     return linear(x, layer.weight, layer.bias)
@@ -63,6 +68,10 @@ def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 class EagleHead(nn.Module):
     rope_write_kv = None  # the target's fused RoPE + KV write (kernels.triton_fused), when it runs one
+    # (x, weight, eps) -> RMSNorm(x) and [N, 2I] -> silu(gate) * up: the native CPU kernels when drafting
+    # beside a target that runs them (build_eagle_proposer); training keeps these autograd-able ones
+    norm = staticmethod(_rms)
+    act = staticmethod(_silu_and_mul)
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -90,6 +99,14 @@ class EagleHead(nn.Module):
         self.target_lm_head = target.lm_head.weight.detach()
         self.lm_rows = self.target_lm_head[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
         return self
+
+    def store_matrices(self, dtype: torch.dtype) -> bool:
+        """Products read the head's matrices (and its LM head rows, once attached) packed in ``dtype``
+        (``kernels.cpu_linear.store_as``: bf16 halves the bytes per draft step); False where the
+        products cannot (no native CPU kernels, or not an fp32 head)."""
+        mats = [self.fc.weight, self.qkv.weight, self.o.weight, self.gate_up.weight, self.down.weight]
+        mats += [self.lm_rows] if self.lm_rows is not None else []
+        return all([store_as(w, dtype) for w in mats])
 
     def init_from_target(self, target) -> None:
         """Warm start: the layer from the target's last decoder layer, the output norm from its final
@@ -137,7 +154,7 @@ class EagleHead(nn.Module):
 
     def _qkv_tables(self, h: torch.Tensor, positions: torch.Tensor):
         """h [N, H], positions [N] -> qkv [N, (nh + 2 nkv) d] and RoPE cos, sin [N, 1, d / 2] in h's dtype."""
-        qkv = _linear(self.qkv, _rms(h, self.input_norm, self.cfg.rms_norm_eps))
+        qkv = _linear(self.qkv, self.norm(h, self.input_norm, self.cfg.rms_norm_eps))
         cos, sin = self.rotary.cos_sin(positions)
         return qkv, cos.to(h.dtype), sin.to(h.dtype)
 
@@ -145,9 +162,8 @@ class EagleHead(nn.Module):
         """h [N, H] residual input, attn [N, nh * d] -> predicted next feature f̂ [N, H]."""
         eps = self.cfg.rms_norm_eps
         h = h + _linear(self.o, attn)
-        gate, up = _linear(self.gate_up, _rms(h, self.post_norm, eps)).chunk(2, dim=-1)
-        h = h + _linear(self.down, F.silu(gate) * up)
-        return _rms(h, self.out_norm, eps)
+        h = h + _linear(self.down, self.act(_linear(self.gate_up, self.norm(h, self.post_norm, eps))))
+        return self.norm(h, self.out_norm, eps)
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [..., H] -> logits over the draft vocabulary [..., Vd]."""

@@ -58,6 +58,12 @@ def backend_runs(attend, dtype: torch.dtype) -> bool:
     return attend is not native_paged_attention or dtype is torch.float32
 
 
+def uses_native(model: nn.Module) -> bool:
+    """Whether ``model`` runs the native CPU kernels (set_attention_backend(..., 'native'))."""
+    attn = next((m for m in model.modules() if isinstance(m, LlamaAttention)), None)
+    return attn is not None and attn.attend is native_paged_attention
+
+
 def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                            scale: float) -> torch.Tensor:
     """``paged_attention``'s contract on the C++ CPU kernel: q [N, h, d] -> [N, h, d]. The batch's

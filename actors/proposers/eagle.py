@@ -308,7 +308,7 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
-    from actors.model.attention_backends import backend_runs
+    from actors.model.attention_backends import backend_runs, uses_native
     from actors.verifier import Verifier
 
     if head_path is None:
@@ -322,10 +322,18 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
                          "hidden states); the Ray tensor-parallel verifier (--ray) does not support it yet: "
                          "use --draft ngram or layerskip:N with --ray")
     target = verifier.model
-    # bf16 whatever the target's dtype: the head is memory-bound at batch 1, and on the 2-core CPU
-    # its 8,192-row LM head takes 0.8 ms in bf16 vs 2.3 ms in fp32 per draft token
-    head = load_head(head_path, dtype=torch.bfloat16).to(verifier.device)
-    proposer = EagleProposer(head.attach(target, f"target {model!r}"), tree_width)
+    # The head is memory-bound at batch 1: its matrices are read in bf16 whatever the target's dtype.
+    # With the native CPU kernels the head computes in fp32 over bf16-packed matrices (and runs the
+    # target's fused kernels); elsewhere it is a bf16 model (oneDNN's bf16 products, torch attention).
+    native = uses_native(target)
+    head = load_head(head_path, dtype=torch.float32 if native else torch.bfloat16).to(verifier.device)
+    head.attach(target, f"target {model!r}")
+    if native:
+        from kernels import cpu_native
+
+        head.store_matrices(torch.bfloat16)
+        head.norm, head.act = cpu_native.rmsnorm, cpu_native.silu_and_mul
+    proposer = EagleProposer(head, tree_width)
     attn = next((m for m in target.modules() if hasattr(m, "rope_write_kv")), None)
     if attn is not None and backend_runs(attn.attend, proposer.dtype):
         # the head runs the target's attention backend (and its fused RoPE + KV write)

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -51,6 +52,11 @@ inline float vsum(V16 a) {
   return _mm_cvtss_f32(q);
 }
 inline float vmaxr(V16 a) { return _mm512_reduce_max_ps(a.v); }
+// 16 bfloat16 values (their bits) widened exactly to fp32
+inline V16 vload_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
 
 #else
 constexpr bool kAvx512 = false;
@@ -84,8 +90,20 @@ inline float vsum(V16 a) {
   return lo + hi;
 }
 inline float vmaxr(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+inline V16 vload_bf16(const uint16_t* p) {
+  V16 r;
+  SPECRAY_LANES {
+    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.v[i], &bits, sizeof(float));
+  }
+  return r;
+}
 #undef SPECRAY_LANES
 #endif
+
+// a weight vector of either storage type, as fp32
+inline V16 vload_w(const float* p) { return vload(p); }
+inline V16 vload_w(const uint16_t* p) { return vload_bf16(p); }
 
 // exp(x) lane by lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n), within
 // ~2 ulp of expf over [-87, 88]; 0 below -87.3 (where expf is denormal or 0), +large clamped to 88.4.

@@ -2,25 +2,33 @@
 // nodes in one call, keys and values read in place through the block tables (no gather into dense
 // tensors), GQA without repeating K/V.
 //
-// One work item is one (query token, query head). Its visible keys are listed in position order
-// (committed context, then the window: causal, or the tree mask's row) and everything after that
-// depends only on that list: scores q.k * scale one key at a time, softmax over the list in one
-// fixed order, the values summed in list order. So a node of a token tree gets exactly the bits
-// its token would get in plain decoding, whose visible keys are the same list; masked keys are
-// never touched. Items are dealt to threads from both ends of the batch, so that a causal prefill's
-// long rows and short rows are shared out evenly.
+// A query row's result depends only on its visible keys in position order (the committed context,
+// then its window: causal, or the tree mask's row), never on what else is in the call: its score
+// with key p is q . k_p summed over d in order, one fma per dimension; the softmax runs over its
+// list of visible scores in one fixed order; the values are summed in list order. So a token-tree
+// node gets exactly the bits its token gets in plain decoding, whose visible keys are the same list,
+// and a prefill row the bits of the same token decoded. Masked keys add nothing.
+//
+// A work item is one sequence's KV head with a tile of its query tokens: the g query heads of that
+// KV head times up to kMaxRows / g tokens. Keys go 16 at a time, transposed in registers, so each
+// key is loaded once for all the item's rows (scores are R rows x 16 keys of fmas), and values
+// once per group of rows. Items are dealt to threads from both ends of the batch, so a causal
+// prefill's long and short tiles are shared out evenly.
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace specray {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
+constexpr int kMaxRows = 16;      // query rows (tokens x the KV head's query heads) per work item
+constexpr int kPVVectors = 24;    // value accumulators per row group (rows x head-dim chunks)
 
 struct Batch {
   const int64_t* qsl;
@@ -33,77 +41,219 @@ struct Batch {
   int64_t mask_stride;
 };
 
-// the flat cache slots of the keys (token i of sequence b) sees, in position order
-void visible_slots(const Batch& bt, int64_t b, int64_t qi, std::vector<int64_t>& slots) {
-  const int64_t qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
-  const int64_t* table = bt.tables + b * bt.table_stride;
-  const int64_t w = bt.win_lens ? bt.win_lens[b] : 0;
-  const int64_t prefix = w > 0 ? L - w : L - qlen + qi + 1;  // keys every query of b sees (causal: up to itself)
-  slots.clear();
-  for (int64_t p = 0; p < prefix; p += bs) {
-    const int64_t base = table[p / bs] * bs, end = std::min(bs, prefix - p);
-    for (int64_t o = 0; o < end; ++o) slots.push_back(base + o);
-  }
-  if (w > 0) {
-    const uint8_t* row = bt.mask + (bt.row_start[b] + qi) * bt.mask_stride;
-    for (int64_t c = 0; c < w; ++c)
-      if (row[c]) {
-        const int64_t p = prefix + c;
-        slots.push_back(table[p / bs] * bs + p % bs);
-      }
-  }
-}
+struct Item {
+  int64_t seq, kv_head, tok0, tok1;  // query tokens [tok0, tok1) of sequence seq
+};
 
-struct Head {
+// one query row: keys [0, prefix) visible, then window position c visible where win[c]
+struct Row {
+  const float* q;
+  float* out;
+  int64_t prefix;
+  const uint8_t* win;
+  int64_t w;
+  bool sees(int64_t p) const { return p < prefix || (win != nullptr && p - prefix < w && win[p - prefix]); }
+  int64_t end() const {  // one past the last visible key
+    if (win != nullptr)
+      for (int64_t c = w - 1; c >= 0; --c)
+        if (win[c]) return prefix + c + 1;
+    return prefix;
+  }
+};
+
+struct Cache {
   const float* k;
   const float* v;
   int64_t slot_stride;  // floats per cache slot (kvh * d)
   int64_t d;
 };
 
-// out [d] = softmax(q.K^T * scale) V over the listed slots
-void attend_one(const float* q, const Head& hd, const std::vector<int64_t>& slots, float scale,
-                std::vector<float>& scores, float* out) {
-  const int64_t d = hd.d, n = static_cast<int64_t>(slots.size());
+struct Scratch {
+  std::vector<int64_t> slots;  // [keys] cache slot of each key position
+  std::vector<float> scores;   // [rows][keys]: dense scores, then each row's visible list, exp'd
+  std::vector<int64_t> counts; // [rows] visible keys of each row
+  std::vector<float> zeros;    // a zero key for the padding lanes of the last 16-key chunk
+};
+
+inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)); }
+
+// scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time
+void score_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, float scale,
+                const float* zeros, float* scores) {
+  const int64_t d = cache.d;
   const int chunks = static_cast<int>((d + kLanes - 1) / kLanes);
-  V16 qv[kMaxHeadDim / kLanes];
-  for (int c = 0; c < chunks; ++c) qv[c] = vload_n(q + c * kLanes, static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)));
-  scores.resize(n);
-  float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* k = hd.k + slots[i] * hd.slot_stride;
-    V16 acc = vmul(qv[0], vload_n(k, static_cast<int>(std::min<int64_t>(kLanes, d))));
-    for (int c = 1; c < chunks; ++c)
-      acc = vfma(qv[c], vload_n(k + c * kLanes, static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes))), acc);
-    const float s = vsum(acc) * scale;
-    scores[i] = s;
-    m = s > m ? s : m;
+  for (int64_t p0 = 0; p0 < keys; p0 += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, keys - p0));
+    const float* kp[kLanes];
+    for (int i = 0; i < kLanes; ++i) kp[i] = i < n ? cache.k + slots[p0 + i] * cache.slot_stride : zeros;
+    V16 acc[kMaxRows];
+    for (int r = 0; r < R; ++r) acc[r] = vzero();
+    for (int c = 0; c < chunks; ++c) {
+      const int m = lanes_in(d, c);
+      V16 t[kLanes];  // t[j]: dimension c*16 + j of the 16 keys
+      for (int i = 0; i < kLanes; ++i) t[i] = vload_n(kp[i] + c * kLanes, m);
+      transpose16(t);
+      if (m == kLanes) {  // unrolled with constant indices: t stays in registers
+        for (int r = 0; r < R; ++r) {
+          const float* q = rows[r].q + c * kLanes;
+          V16 a = acc[r];
+#pragma GCC unroll 16
+          for (int j = 0; j < kLanes; ++j) a = vfma(t[j], vset1(q[j]), a);
+          acc[r] = a;
+        }
+      } else {  // the head dim's last, partial chunk: the same fmas, fewer of them
+        for (int r = 0; r < R; ++r) {
+          const float* q = rows[r].q + c * kLanes;
+          V16 a = acc[r];
+#pragma GCC unroll 16
+          for (int j = 0; j < kLanes; ++j)
+            if (j < m) a = vfma(t[j], vset1(q[j]), a);
+          acc[r] = a;
+        }
+      }
+    }
+    const V16 sc = vset1(scale);
+    for (int r = 0; r < R; ++r) vstore_n(scores + r * keys + p0, vmul(acc[r], sc), n);
   }
-  const V16 mv = vset1(m);
+}
+
+// row r's visible scores, compacted in position order to the front of its scores, exp(s - max)
+// in place; returns their sum (summed 16 at a time, then across lanes: one fixed order)
+float softmax_row(const Row& row, float* s, int64_t keys, int64_t& count) {
+  int64_t n = std::min(row.prefix, keys);
+  for (int64_t c = 0; row.win != nullptr && c < row.w && row.prefix + c < keys; ++c)
+    if (row.win[c]) s[n++] = s[row.prefix + c];
+  count = n;
+  V16 mx = vset1(-INFINITY);  // the max: exact in any order
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int r = static_cast<int>(std::min<int64_t>(kLanes, n - i));
+    mx = vmax(mx, vload_or(s + i, r, -INFINITY));
+  }
+  const V16 mv = vset1(vmaxr(mx));
   V16 total = vzero();
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    const V16 e = vexp(vsub(vload(scores.data() + i), mv));
-    vstore(scores.data() + i, e);
+    const V16 e = vexp(vsub(vload(s + i), mv));
+    vstore(s + i, e);
     total = vadd(total, e);
   }
   if (i < n) {
     const int r = static_cast<int>(n - i);
-    const V16 e = vexp(vsub(vload_n(scores.data() + i, r), mv));
-    vstore_n(scores.data() + i, e, r);
-    total = vadd(total, vload_n(scores.data() + i, r));  // padding lanes are 0, not exp(0 - m)
+    const V16 e = vexp(vsub(vload_n(s + i, r), mv));
+    vstore_n(s + i, e, r);
+    total = vadd(total, vload_n(s + i, r));  // padding lanes are 0, not exp(0 - m)
   }
-  V16 acc[kMaxHeadDim / kLanes];
-  for (int c = 0; c < chunks; ++c) acc[c] = vzero();
-  for (int64_t j = 0; j < n; ++j) {
-    const float* v = hd.v + slots[j] * hd.slot_stride;
-    const V16 e = vset1(scores[j]);
-    for (int c = 0; c < chunks; ++c)
-      acc[c] = vfma(e, vload_n(v + c * kLanes, static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes))), acc[c]);
+  return n > 0 ? vsum(total) : 1.f;
+}
+
+// out_r = sum over row r's visible keys, in order, of e * v, / sum_r, for G rows at once (their
+// G x NC accumulators in registers), each key's value loaded once for the G rows
+template <int NC, int G>
+void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+                 const float* sums) {
+  const int64_t d = cache.d;
+  V16 acc[G][NC];
+  int64_t idx[G], last = 0, shared = INT64_MAX;
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < NC; ++c) acc[g][c] = vzero();
+    last = std::max(last, std::min(rows[g].end(), keys));
+    shared = std::min(shared, rows[g].prefix);
   }
-  const V16 sum = vset1(n > 0 ? vsum(total) : 1.f);
-  for (int c = 0; c < chunks; ++c)
-    vstore_n(out + c * kLanes, vdiv(acc[c], sum), static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)));
+  shared = std::min(shared, last);  // keys [0, shared) are visible to every row: no checks
+  for (int64_t p = 0; p < shared; ++p) {
+    const float* v = cache.v + slots[p] * cache.slot_stride;
+    V16 vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
+    for (int g = 0; g < G; ++g) {
+      const V16 e = vset1(exps[g * keys + p]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = vfma(e, vv[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) idx[g] = shared;
+  for (int64_t p = shared; p < last; ++p) {
+    const float* v = cache.v + slots[p] * cache.slot_stride;
+    V16 vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
+    for (int g = 0; g < G; ++g) {
+      if (!rows[g].sees(p)) continue;
+      const V16 e = vset1(exps[g * keys + idx[g]++]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = vfma(e, vv[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const V16 sum = vset1(sums[g]);
+    for (int c = 0; c < NC; ++c) vstore_n(rows[g].out + c * kLanes, vdiv(acc[g][c], sum), lanes_in(d, c));
+  }
+}
+
+// rows in groups of at most kPVVectors / NC (accumulators that fit the registers)
+template <int NC>
+void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+                const float* sums) {
+  constexpr int kGroup = kPVVectors / NC < 8 ? kPVVectors / NC : 8;
+  for (int r0 = 0; r0 < R; r0 += kGroup) {
+    const int G = std::min(kGroup, R - r0);
+    const Row* rg = rows + r0;
+    const float* e = exps + r0 * keys;
+    const float* sm = sums + r0;
+    switch (G) {
+#define SPECRAY_GROUP(N) \
+  case N: if constexpr (N <= kGroup) weigh_group<NC, N>(rg, cache, slots, keys, e, sm); break;
+      SPECRAY_GROUP(1) SPECRAY_GROUP(2) SPECRAY_GROUP(3) SPECRAY_GROUP(4)
+      SPECRAY_GROUP(5) SPECRAY_GROUP(6) SPECRAY_GROUP(7) SPECRAY_GROUP(8)
+#undef SPECRAY_GROUP
+      default: break;
+    }
+  }
+}
+
+void weigh_values(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys,
+                  const float* exps, const float* sums) {
+  switch ((cache.d + kLanes - 1) / kLanes) {
+    case 1: weigh_rows<1>(rows, R, cache, slots, keys, exps, sums); break;
+    case 2: weigh_rows<2>(rows, R, cache, slots, keys, exps, sums); break;
+    case 3: weigh_rows<3>(rows, R, cache, slots, keys, exps, sums); break;
+    case 4: weigh_rows<4>(rows, R, cache, slots, keys, exps, sums); break;
+    case 5: weigh_rows<5>(rows, R, cache, slots, keys, exps, sums); break;
+    case 6: weigh_rows<6>(rows, R, cache, slots, keys, exps, sums); break;
+    case 7: weigh_rows<7>(rows, R, cache, slots, keys, exps, sums); break;
+    case 8: weigh_rows<8>(rows, R, cache, slots, keys, exps, sums); break;
+    default: weigh_rows<16>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
+  }
+}
+
+void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, int64_t sq1, float* out, int64_t h,
+                 int64_t group, const Cache& cache, float scale, Scratch& sc) {
+  const int64_t b = it.seq, qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
+  const int64_t w = bt.win_lens ? bt.win_lens[b] : 0;
+  Row rows[kMaxRows];
+  int R = 0;
+  int64_t keys = 0;
+  for (int64_t i = it.tok0; i < it.tok1; ++i) {
+    const int64_t qi = i - bt.qsl[b];
+    const uint8_t* win = w > 0 ? bt.mask + (bt.row_start[b] + qi) * bt.mask_stride : nullptr;
+    const int64_t prefix = w > 0 ? L - w : L - qlen + qi + 1;  // causal: every key up to itself
+    for (int64_t j = 0; j < group; ++j) {
+      const int64_t head = it.kv_head * group + j;
+      rows[R] = Row{q + i * sq0 + head * sq1, out + (i * h + head) * cache.d, prefix, win, w};
+      keys = std::max(keys, rows[R].end());
+      ++R;
+    }
+  }
+  const int64_t* table = bt.tables + b * bt.table_stride;
+  sc.slots.resize(keys);
+  for (int64_t p0 = 0; p0 < keys; p0 += bs) {  // block by block: no division per key
+    const int64_t base = table[p0 / bs] * bs, n = std::min(bs, keys - p0);
+    for (int64_t o = 0; o < n; ++o) sc.slots[p0 + o] = base + o;
+  }
+  sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
+  score_rows(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
+  float sums[kMaxRows];
+  for (int r = 0; r < R; ++r) {
+    int64_t count = 0;
+    sums[r] = softmax_row(rows[r], sc.scores.data() + r * keys, keys, count);
+  }
+  weigh_values(rows, R, cache, sc.slots.data(), keys, sc.scores.data(), sums);
 }
 
 void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int64_t num_blocks,
@@ -181,23 +331,23 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   check_batch(bt, B, N, block_tables.size(1), num_blocks, mask_rows, mask_width);
   at::Tensor out = at::empty({N, h, d}, q.options());
   if (N == 0) return out;
-  std::vector<int64_t> seq_of(N);
+  const int64_t group = h / kvh, tile = std::max<int64_t>(1, kMaxRows / group);
+  std::vector<Item> items;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; ++i) seq_of[i] = b;
+    for (int64_t j = 0; j < kvh; ++j)
+      for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; i += tile) items.push_back({b, j, i, std::min(i + tile, bt.qsl[b + 1])});
   const float* qp = q.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
-  const int64_t sq0 = q.stride(0), sq1 = q.stride(1), group = h / kvh, items = N * h;
-  const float* kc = k_cache.const_data_ptr<float>();
-  const float* vc = v_cache.const_data_ptr<float>();
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<int64_t> slots;
-    std::vector<float> scores;
+  const int64_t sq0 = q.stride(0), sq1 = q.stride(1), count = static_cast<int64_t>(items.size());
+  const Cache cache{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d};
+  // head offsets folded in: a slot's key for KV head j starts at k + slot * kvh * d + j * d
+  at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
+    Scratch sc;
+    sc.zeros.assign(kMaxHeadDim, 0.f);
     for (int64_t idx = i0; idx < i1; ++idx) {
-      const int64_t item = idx % 2 == 0 ? idx / 2 : items - 1 - idx / 2;  // both ends of the batch
-      const int64_t i = item / h, head = item % h, b = seq_of[i], kv = head / group;
-      visible_slots(bt, b, i - bt.qsl[b], slots);
-      const Head hd{kc + kv * d, vc + kv * d, kvh * d, d};
-      attend_one(qp + i * sq0 + head * sq1, hd, slots, static_cast<float>(scale), scores, op + (i * h + head) * d);
+      const Item& it = items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2];  // both ends of the batch
+      const Cache head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
+      attend_item(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
     }
   });
   return out;

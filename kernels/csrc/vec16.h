@@ -28,6 +28,9 @@ inline V16 vzero() { return {_mm512_setzero_ps()}; }
 inline V16 vset1(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline V16 vload_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(lanes_mask(n), p)}; }
+inline V16 vload_or(const float* p, int n, float fill) {  // lanes past n hold fill
+  return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), lanes_mask(n), p)};
+}
 inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
 inline void vstore_n(float* p, V16 a, int n) { _mm512_mask_storeu_ps(p, lanes_mask(n), a.v); }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c, one rounding
@@ -52,6 +55,32 @@ inline float vsum(V16 a) {
   return _mm_cvtss_f32(q);
 }
 inline float vmaxr(V16 a) { return _mm512_reduce_max_ps(a.v); }
+// rows r[0..15] (16 lanes each) -> r[i] holds lane i of every input row: r[i][k] = old r[k][i]
+inline void transpose16(V16 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i].v = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1].v = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2].v = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3].v = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j].v, r[8 * i + j + 4].v, 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j].v, r[8 * i + j + 4].v, 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j].v = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8].v = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+
 // 16 bfloat16 values (their bits) widened exactly to fp32
 inline V16 vload_bf16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -70,6 +99,7 @@ inline V16 vzero() { V16 r; SPECRAY_LANES r.v[i] = 0.f; return r; }
 inline V16 vset1(float x) { V16 r; SPECRAY_LANES r.v[i] = x; return r; }
 inline V16 vload(const float* p) { V16 r; SPECRAY_LANES r.v[i] = p[i]; return r; }
 inline V16 vload_n(const float* p, int n) { V16 r; SPECRAY_LANES r.v[i] = i < n ? p[i] : 0.f; return r; }
+inline V16 vload_or(const float* p, int n, float fill) { V16 r; SPECRAY_LANES r.v[i] = i < n ? p[i] : fill; return r; }
 inline void vstore(float* p, V16 a) { SPECRAY_LANES p[i] = a.v[i]; }
 inline void vstore_n(float* p, V16 a, int n) { for (int i = 0; i < n && i < kLanes; ++i) p[i] = a.v[i]; }
 inline V16 vfma(V16 a, V16 b, V16 c) { V16 r; SPECRAY_LANES r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
@@ -90,6 +120,12 @@ inline float vsum(V16 a) {
   return lo + hi;
 }
 inline float vmaxr(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+inline void transpose16(V16 r[16]) {
+  V16 t[16];
+  for (int i = 0; i < kLanes; ++i)
+    for (int k = 0; k < kLanes; ++k) t[i].v[k] = r[k].v[i];
+  for (int i = 0; i < kLanes; ++i) r[i] = t[i];
+}
 inline V16 vload_bf16(const uint16_t* p) {
   V16 r;
   SPECRAY_LANES {

@@ -1,13 +1,17 @@
-"""The Triton paged-attention kernel timed against the pure-torch reference backend and against
-``F.scaled_dot_product_attention`` on dense K/V of the same shape (issue 25's GPU part):
+"""The device's paged-attention kernel (Triton on CUDA, the native C++ kernel on CPU) timed against
+the pure-torch reference backend and against ``F.scaled_dot_product_attention`` on dense K/V of the
+same shape (issue 25):
 
-    python -m benchmarks.attention_bench [--device cuda] [--contexts 512,4096,16384] [--batches 1,16,64]
+    python -m benchmarks.attention_bench [--device cuda|cpu] [--contexts 512,4096,16384] [--batches 1,16,64]
+                                         [--tree 64] [--prefill 1000] [--shape 8b|smollm2]
 
-Llama-3-8B's attention shape per layer (32 query heads, 8 KV heads, head_dim 128, bf16 on CUDA),
-KV blocks of 16 shuffled through the pool. Decode: one query token per sequence at each context
-and batch; tree: a 64-node token tree verified by one sequence. The dense SDPA reads K/V already
-gathered (the cost a paged kernel must approach, not a way to serve). Times: median of CUDA-event
-timed graph replays where the call can be captured, else of launches (wall clock on CPU)."""
+Attention shape per layer: Llama-3-8B's (32 query heads, 8 KV heads, head_dim 128; bf16 on CUDA,
+fp32 on CPU) or SmolLM2-135M's (9, 3, 64; ``--shape smollm2``), KV blocks of 16 shuffled through the
+pool. Decode: one query token per sequence at each context and batch; tree: a token tree of
+``--tree`` nodes verified by one sequence at context 4,096; prefill: one sequence's causal prompt of
+``--prefill`` tokens. The dense SDPA reads K/V already gathered (the cost a paged kernel must
+approach, not a way to serve). Times: median of CUDA-event timed graph replays where the call can be
+captured, else of launches (wall clock on CPU)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +23,7 @@ from actors.tree import TokenTree
 from benchmarks.report import md_table
 
 H, KVH, D, BS = 32, 8, 128, 16
+SHAPES = {"8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 
 
 def _timed(fn, device: torch.device, reps: int, graph: bool = True) -> float:
@@ -70,13 +75,23 @@ def case(batch: int, context: int, q_per_seq: int, window: torch.Tensor | None, 
     return q, k, v, fb, dense_k.contiguous(), dense_v.contiguous()
 
 
-def measure(batch: int, context: int, tree: int | None, device: torch.device, reps: int) -> dict:
+def kernel(device: torch.device):
+    """(name, the backend function) of the device's paged-attention kernel."""
+    from actors.model import attention_backends as ab
+
+    if device.type == "cuda":
+        return "triton", ab.triton_paged_attention
+    return "native", ab.native_paged_attention
+
+
+def measure(batch: int, context: int, tree: int | None, device: torch.device, reps: int,
+            prefill: bool = False) -> dict:
+    """One case: ``tree`` nodes (None: one decode token; with ``prefill``, ``context`` causal queries)."""
     from actors.model.attention import paged_attention
-    from actors.model.attention_backends import triton_paged_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     window = bushy_tree_mask(tree) if tree else None
-    qn = tree or 1
+    qn = context if prefill else (tree or 1)
     q, k, v, fb, dk, dv = case(batch, context, qn, window, device, dtype)
     scale = D ** -0.5
     qd = q.view(batch, qn, H, D).transpose(1, 2)  # [B, H, q, D]
@@ -84,43 +99,58 @@ def measure(batch: int, context: int, tree: int | None, device: torch.device, re
     if window is not None:  # dense form: every context key visible, the tree's own window by ancestry
         mask = torch.ones(qn, context, dtype=torch.bool, device=device)
         mask[:, context - qn:] = window.to(device)
-    out = {"batch": batch, "context": context, "queries": qn}
+    name, attend = kernel(device)
+    out = {"batch": batch, "context": context, "queries": qn, "kernel": name}
     fb.cache.clear()
-    out["triton_s"] = _timed(lambda: triton_paged_attention(q, k, v, fb, scale), device, reps)
+    out["kernel_s"] = _timed(lambda: attend(q, k, v, fb, scale), device, reps)
     out["torch_ref_s"] = _timed(lambda: paged_attention(q, k, v, fb, scale), device, reps, graph=False)
     out["sdpa_dense_s"] = _timed(lambda: F.scaled_dot_product_attention(qd, dk, dv, attn_mask=mask, scale=scale,
-                                                                        enable_gqa=True), device, reps)
+                                                                        is_causal=prefill, enable_gqa=True),
+                                 device, reps)
     out["kv_bytes"] = 2 * batch * context * KVH * D * torch.finfo(dtype).bits // 8
     return out
 
 
 def table(rows: list[dict]) -> str:
-    head = ["batch", "context", "queries/seq", "triton", "torch reference", "SDPA dense", "triton / SDPA",
-            "triton K/V read GB/s"]
+    name = rows[0]["kernel"] if rows else "kernel"
+    head = ["batch", "context", "queries/seq", name, "torch reference", "SDPA dense", f"{name} / SDPA",
+            f"{name} / torch reference", f"{name} K/V read GB/s"]
     us = lambda seconds: f"{seconds * 1e6:.0f} us"  # noqa: E731
-    return md_table(head, [[str(r["batch"]), str(r["context"]), str(r["queries"]), us(r["triton_s"]),
-                            us(r["torch_ref_s"]), us(r["sdpa_dense_s"]), f"{r['triton_s'] / r['sdpa_dense_s']:.2f}x",
-                            f"{r['kv_bytes'] / r['triton_s'] / 1e9:.0f}"] for r in rows])
+    return md_table(head, [[str(r["batch"]), str(r["context"]), str(r["queries"]), us(r["kernel_s"]),
+                            us(r["torch_ref_s"]), us(r["sdpa_dense_s"]), f"{r['kernel_s'] / r['sdpa_dense_s']:.2f}x",
+                            f"{r['kernel_s'] / r['torch_ref_s']:.2f}x", f"{r['kv_bytes'] / r['kernel_s'] / 1e9:.0f}"]
+                           for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
+    global H, KVH, D
     ap = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--contexts", default="512,4096,16384")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--tree", type=int, default=64, help="nodes of the verified tree (batch 1, context 4096); 0: none")
+    ap.add_argument("--prefill", type=int, default=0, help="also one causal prompt of this many tokens; 0: none")
+    ap.add_argument("--shape", default="8b", choices=sorted(SHAPES), help="heads, KV heads, head dim of a layer")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    H, KVH, D = SHAPES[args.shape]
     if device.type == "cpu":
-        import os
+        from kernels import cpu_native
 
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if not cpu_native.load():
+            ap.error(f"the native CPU kernels cannot be built here: {cpu_native.unavailable_reason()}")
     rows = [measure(b, c, None, device, args.reps) for c in map(int, args.contexts.split(","))
             for b in map(int, args.batches.split(","))]
     if args.tree:
         rows.append(measure(1, 4096, args.tree, device, args.reps))
-    print("## Paged attention: Triton vs the torch reference vs dense SDPA\n\n" + table(rows))
+    if args.prefill:
+        rows.append(measure(1, args.prefill, None, device, args.reps, prefill=True))
+    print(f"## Paged attention ({args.shape} shape): {rows[0]['kernel']} vs the torch reference vs dense SDPA\n\n"
+          + table(rows))
     return 0
 
 

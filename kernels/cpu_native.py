@@ -126,18 +126,25 @@ def unavailable_reason() -> str | None:
 def _bind() -> None:
     """Module-level handles on the ops' default overloads (an attribute lookup less per call)."""
     ops = torch.ops.specray_cpu
-    g = globals()
-    for name in ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv",
-                 "paged_attention", "has_avx512"):
-        g[f"_{name}"] = getattr(ops, name).default
+    for name in _OPS:
+        globals()[f"_{name}"] = getattr(ops, name).default
 
 
-def _not_loaded(*args, **kwargs):
-    raise RuntimeError(f"the specray CPU kernels are not loaded (load() first): {unavailable_reason() or 'not built'}")
+_OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
+        "has_avx512")
 
 
-_pack_linear = _linear = _rmsnorm = _rmsnorm_residual = _silu_and_mul = _rope_write_kv = _paged_attention = \
-    _has_avx512 = _not_loaded  # until _bind()
+def _first_call(name: str):
+    """The op's stand-in until the kernels are loaded: loads them (or says why it cannot), then calls."""
+    def call(*args, **kwargs):
+        if not load():
+            raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+        return globals()[f"_{name}"](*args, **kwargs)
+    return call
+
+
+for _name in _OPS:
+    globals()[f"_{_name}"] = _first_call(_name)
 
 
 def has_avx512() -> bool:

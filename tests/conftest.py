@@ -12,6 +12,12 @@ import kernels.cpu_linear  # noqa: F401  first: it caps oneDNN's ISA before any 
 import torch
 from hypothesis import settings
 
+from kernels import cpu_native
+
+# Built (or found built) before any test starts a Ray worker or a subprocess that would otherwise
+# build them itself, against that test's deadline.
+cpu_native.load()
+
 # CI runs the same examples every time (a red build is reproducible); local runs keep exploring.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):

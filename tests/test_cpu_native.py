@@ -258,6 +258,18 @@ print("portable ok")
     assert "portable ok" in res.stdout, res.stdout + res.stderr
 
 
+def test_a_builder_that_died_leaves_no_lock_that_blocks_the_next():
+    """torch's FileBaton waits forever on the lock file of a build whose process was killed (a Ray
+    worker killed mid-build did that): the next process removes it under its own flock and loads."""
+    name = cn._state["name"]
+    stale = cn.build_root() / name / "lock"
+    stale.write_text("")
+    res = subprocess.run([sys.executable, "-m", "kernels.cpu_native"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert f"ready: {name}" in res.stdout, res.stdout + res.stderr
+    assert not stale.exists()
+
+
 def test_turned_off_the_model_keeps_onednn_and_torch_attention():
     code = """
 import torch

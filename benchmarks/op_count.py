@@ -189,8 +189,11 @@ def _median_ms(fn, reps: int, cuda: bool) -> float:
 def format_count(label: str, c: StepCount, top_names: int = 8) -> list[str]:
     rest = c.layer_all[1:] or c.layer_all
     per = f"layer 0 {c.layer_all[0]}, layers 1.. {min(rest)}..{max(rest)}" if c.layer_all else "no layers"
-    lines = [f"{label}: {c.all_ops} ops ({c.top_ops} called from Python); per layer: {per} "
-             f"({c.layer_top[-1] if c.layer_top else 0} from Python); outside the layers {c.outside_all}"]
+    per += f" ({c.layer_top[-1] if c.layer_top else 0} from Python)"
+    if any(name.endswith("::decoder_layers") for name in c.by_name):
+        per = "every layer in one decoder_layers op (--layer-by-layer counts them one by one)"
+    lines = [f"{label}: {c.all_ops} ops ({c.top_ops} called from Python); per layer: {per}; "
+             f"outside the layers {c.outside_all}"]
     if c.launches is not None:
         lines.append(f"  CUDA launches {c.launches} (layer {c.layer_launches[-1]} each), "
                      f"device kernels {c.device_kernels}")
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time each step: median of N")
     ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
                     help="the model's attention and fused ops, as the engine sets them (auto: as it runs)")
+    ap.add_argument("--layer-by-layer", action="store_true",
+                    help="native backend: run the layers one by one (their ops per layer) instead of as one op")
     args = ap.parse_args(argv)
     try:
         batches = [int(b) for b in args.batch.split(",")]
@@ -225,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     model = load_model(args.model, device=device).model
     backend = set_attention_backend(model, args.attention_backend, device)
+    if args.layer_by_layer:
+        model.fused_layers = None
     cuda = device.type == "cuda"
     print(f"{args.model} on {args.device} ({model.dtype}, {len(model.layers)} layers, "
           f"{torch.get_num_threads()} threads, {backend} attention), context {args.context}")

@@ -40,7 +40,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "linear.cpp", "fused.cpp", "attention.cpp")
+SOURCES = ("ops.cpp", "linear.cpp", "fused.cpp", "attention.cpp", "layers.cpp")
 HEADERS = ("kernels.h", "vec16.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
 LANES = 16  # output columns per packed weight tile
@@ -157,7 +157,7 @@ def _bind() -> None:
 
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
-        "has_avx512")
+        "decoder_layers", "has_avx512")
 
 
 def _first_call(name: str):
@@ -212,32 +212,34 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_
     return _rope_write_kv(qkv, cos, sin, slot_mapping, k_cache, v_cache, h, kvh)
 
 
+_CAUSAL = torch.empty(0, 0, dtype=torch.bool)  # a sequence without a window mask
+
+
+def windows_arg(windows: list[torch.Tensor | None] | None) -> list[torch.Tensor]:
+    """Per-sequence window masks ([q_b, w_b] bool; None = causal) as the kernels take them (an empty
+    tensor for None); no dispatcher op."""
+    return [] if not windows else [_CAUSAL if w is None else w for w in windows]  # []: every sequence causal
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     kv_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    windows: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """q [N, h, d]; caches [blocks, bs, kvh, d]; query_start_loc [B+1], kv_lens [B], block_tables [B, max_blocks]
-    (int64) -> [N, h, d]. ``tree``: ``pack_windows`` of the batch's window masks (None: all causal)."""
-    if tree is None:
-        return _paged_attention(q, k_cache, v_cache, query_start_loc, kv_lens, block_tables, scale)
-    return _paged_attention(q, k_cache, v_cache, query_start_loc, kv_lens, block_tables, scale, *tree)
+    (int64) -> [N, h, d]. windows: per sequence a [q_b, w_b] bool mask over its last w_b key positions
+    (a token tree's ancestor mask), or None = causal over its new tokens; None = all causal."""
+    return _paged_attention(q, k_cache, v_cache, query_start_loc, kv_lens, block_tables, scale, windows_arg(windows))
 
 
-def pack_windows(windows: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Per-sequence window masks ([q_b, w_b] bool; None = causal) -> (win_lens [B] int64, row_start [B]
-    int64, mask [R, W] bool), sequence b's rows at ``row_start[b]``; None when every sequence is causal."""
-    if all(w is None for w in windows):
-        return None
-    width = max(int(w.shape[1]) for w in windows if w is not None)
-    rows = sum(int(w.shape[0]) for w in windows if w is not None)
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    win_lens, row_start, r = [], [], 0
-    for w in windows:
-        win_lens.append(0 if w is None else int(w.shape[1]))
-        row_start.append(r)
-        if w is not None:
-            mask[r:r + w.shape[0], :w.shape[1]] = w
-            r += int(w.shape[0])
-    return torch.tensor(win_lens, dtype=torch.int64), torch.tensor(row_start, dtype=torch.int64), mask
+def decoder_layers(x: torch.Tensor, weights: list[torch.Tensor], k_caches: list[torch.Tensor],
+                   v_caches: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+                   query_start_loc: torch.Tensor, kv_lens: torch.Tensor, block_tables: torch.Tensor,
+                   windows: list[torch.Tensor | None] | None, h: int, kvh: int, eps: float, scale: float,
+                   final_norm: torch.Tensor) -> torch.Tensor:
+    """Embeddings x [N, H] through every decoder layer and the final norm -> hidden [N, H], writing each
+    layer's K/V: the kernels above in the layer-by-layer forward's order (the same bits), in one op.
+    weights: 10 per layer (csrc/layers.cpp: norms, packed matrices, biases or empty tensors)."""
+    return _decoder_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, query_start_loc, kv_lens,
+                           block_tables, windows_arg(windows), h, kvh, eps, scale, final_norm)
 
 
 def main() -> int:

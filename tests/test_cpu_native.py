@@ -158,7 +158,7 @@ def test_paged_attention_matches_the_reference(case, h, kvh, bs):
     q = torch.randn(int(qsl[-1]), h, d, generator=_gen(7))
     k_cache, v_cache = _caches(num_blocks, bs, kvh, d, seed=8)
     want = paged_attention_ref(q, k_cache, v_cache, qsl, lens, tables, 0.2, windows)
-    got = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.2, cn.pack_windows(windows))
+    got = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.2, windows)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
@@ -169,7 +169,7 @@ def test_a_tree_node_gets_exactly_the_bits_of_plain_decoding_its_path():
     k_cache, v_cache = _caches(8, bs, kvh, d, seed=9)
     table = torch.tensor([[3, 6, 1]])
     q = torch.randn(len(TREE), h, d, generator=_gen(10))
-    tree = cn.pack_windows([ancestor_mask(TREE)])
+    tree = [ancestor_mask(TREE)]
     kv = ctx + len(TREE)
     tree_out = cn.paged_attention(q, k_cache, v_cache, torch.tensor([0, len(TREE)]), torch.tensor([kv]), table, 0.3,
                                   tree)
@@ -249,7 +249,7 @@ torch.testing.assert_close(ops.silu_and_mul(s), silu_and_mul_ref(s), rtol=2e-6, 
 k, v = torch.randn(6, 16, 2, 24, generator=g), torch.randn(6, 16, 2, 24, generator=g)
 q = torch.randn(5, 4, 24, generator=g)
 qsl, lens, tables = torch.tensor([0, 1, 5]), torch.tensor([30, 20]), torch.tensor([[2, 4], [5, 1]])
-torch.testing.assert_close(ops.paged_attention(q, k, v, qsl, lens, tables, 0.2),
+torch.testing.assert_close(ops.paged_attention(q, k, v, qsl, lens, tables, 0.2, []),
                            paged_attention_ref(q, k, v, qsl, lens, tables, 0.2), rtol=2e-5, atol=2e-5)
 print("portable ok")
 """
@@ -287,3 +287,41 @@ except ValueError as e:
                          env={**os.environ, "SPECRAY_CPU_KERNELS": "0", "PYTHONPATH": str(ROOT)})
     assert "refused: attention backend 'native'" in res.stdout and "SPECRAY_CPU_KERNELS=0" in res.stdout, \
         res.stdout + res.stderr
+
+
+def test_all_layers_in_one_op_give_the_layer_by_layer_bits(tiny_target_dir, monkeypatch):
+    """The native backend runs every decoder layer as one op (cpu_native.decoder_layers); the same
+    forward layer by layer (each module's hook) gives the same hidden states and K/V bit for bit, for
+    prefills, a decode token and a token tree in one batch. num_layers < all (a layer-skip draft)
+    takes the layer-by-layer path."""
+    from actors.model.attention_backends import set_attention_backend
+    from actors.model.loader import load_model
+    from tests.model import Chunk, make_batch, random_ids, random_tables
+    from tests.model.test_tree_attention import PARENTS, tree_depths
+
+    model = load_model(tiny_target_dir, dtype=torch.float32).model
+    assert set_attention_backend(model, "native") == "native"
+    fused = model.fused_layers
+    t = random_tables(3, 4, 16, seed=5)
+    tree = Chunk(random_ids(len(PARENTS), 256, 6), 21, t[1], positions=[21 + d for d in tree_depths(PARENTS)],
+                 window=ancestor_mask(PARENTS))
+    steps = [[Chunk(random_ids(17, 256, 1), 0, t[0]), Chunk(random_ids(21, 256, 2), 0, t[1]),
+              Chunk(random_ids(9, 256, 3), 0, t[2])],
+             [Chunk([5], 17, t[0]), tree, Chunk(random_ids(12, 256, 4), 9, t[2])]]
+    calls = []
+    real = cn._decoder_layers
+    monkeypatch.setattr(cn, "_decoder_layers", lambda *a: calls.append(1) or real(*a))
+    outs, caches = [], []
+    for layers in (fused, None):
+        model.fused_layers = layers
+        kv = model.allocate_kv_cache(16, 16)
+        with torch.inference_mode():
+            outs.append([model(make_batch(s, 16), kv) for s in steps])
+        caches.append(kv)
+    assert len(calls) == 2  # one op per forward with the hook, none without
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*caches))
+    model.fused_layers = fused
+    with torch.inference_mode():
+        skip = model(make_batch(steps[0], 16), model.allocate_kv_cache(16, 16), num_layers=2)
+    assert skip.shape == outs[0][0].shape and len(calls) == 2

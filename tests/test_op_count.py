@@ -50,12 +50,20 @@ def test_a_tree_step_runs_the_tree_with_its_mask(runner, monkeypatch):
     assert batch.positions[:size].tolist() == [9, 10, 11, 11, 12, 12, 13, 13, 10, 11]
 
 
-def test_main_prints_each_step(tiny_target_dir, capsys):
-    assert op_count.main(["--model", str(tiny_target_dir), "--batch", "1", "--context", "5"]) == 0
+@pytest.mark.parametrize("flags, per_layer", [(["--attention-backend", "torch"], "per layer: layer 0"),
+                                              (["--layer-by-layer"], "per layer: layer 0"),
+                                              ([], "every layer in one decoder_layers op")])
+def test_main_prints_each_step(tiny_target_dir, capsys, flags, per_layer):
+    from kernels import cpu_native
+
+    if "layer 0" not in per_layer or "--layer-by-layer" in flags:
+        if not cpu_native.load():
+            pytest.skip(f"native CPU kernels not built: {cpu_native.unavailable_reason()}")
+    assert op_count.main(["--model", str(tiny_target_dir), "--batch", "1", "--context", "5", *flags]) == 0
     out = capsys.readouterr().out
     for label in ("B=1 decode:", "B=1 chain K=5:", "B=1 tree 10:"):
         assert label in out
-    assert "per layer: layer 0" in out and "top ops:" in out
+    assert per_layer in out and "top ops:" in out
 
 
 @pytest.mark.parametrize("argv, needle", [(["--batch", "1,x"], "--batch '1,x'"), (["--context", "0"], "at least 1")])

@@ -24,8 +24,8 @@ from torch import nn
 from actors.model.attention import paged_attention
 from actors.model.batch import ForwardBatch
 from actors.model.layers import RMSNorm, SwiGLUMLP
-from actors.model.llama import LlamaAttention
-from kernels import cpu_native
+from actors.model.llama import LlamaAttention, LlamaForCausalLM, cos_sin_rows
+from kernels import cpu_linear, cpu_native
 
 BACKENDS = ("auto", "torch", "triton", "native")
 CACHE_KEY = "triton_attention"
@@ -64,17 +64,54 @@ def uses_native(model: nn.Module) -> bool:
     return attn is not None and attn.attend is native_paged_attention
 
 
-def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-                           scale: float) -> torch.Tensor:
-    """``paged_attention``'s contract on the C++ CPU kernel: q [N, h, d] -> [N, h, d]. The batch's
-    metadata (and its tree masks, packed) is made ready once per forward in ``batch.cache``."""
+def _native_meta(batch: ForwardBatch) -> tuple:
+    """(query_start_loc, kv_lens, block_tables, window masks) of the batch for the native kernels, made
+    once per forward in ``batch.cache``."""
     meta = batch.cache.get(NATIVE_KEY)
     if meta is None:
-        tree = cpu_native.pack_windows(batch.window_masks) if batch.window_masks else None
         meta = batch.cache[NATIVE_KEY] = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(),
-                                          batch.block_tables.contiguous(), tree)
-    qsl, kv_lens, tables, tree = meta
-    return cpu_native.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, tree)
+                                          batch.block_tables.contiguous(), cpu_native.windows_arg(batch.window_masks))
+    return meta
+
+
+def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+                           scale: float) -> torch.Tensor:
+    """``paged_attention``'s contract on the C++ CPU kernel: q [N, h, d] -> [N, h, d]."""
+    qsl, kv_lens, tables, windows = _native_meta(batch)
+    return cpu_native.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, windows)
+
+
+_NO_BIAS = torch.empty(0)
+
+
+def _bias(p: torch.Tensor | None) -> torch.Tensor:
+    return _NO_BIAS if p is None else p
+
+
+def native_decoder_layers(model: LlamaForCausalLM, x: torch.Tensor, rope, batch: ForwardBatch,
+                          kv_caches: list) -> torch.Tensor | None:
+    """Every decoder layer and the final norm as one native op (``cpu_native.decoder_layers``: the same
+    kernels and bits as the layer-by-layer forward, without ~10 Python calls per layer): x [N, H]
+    embeddings -> hidden [N, H]. None (the caller runs the layers one by one) with tensor parallelism,
+    layers that carry hooks (weight offload streams layers in from them) or products not native."""
+    layers = model.layers
+    if model.tp.size != 1 or not cpu_linear.native() or any(layer._forward_pre_hooks for layer in layers):
+        return None
+    weights = []
+    packed = cpu_linear.reordered
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights += [layer.input_layernorm.weight, packed(attn.qkv_proj.weight), _bias(attn.qkv_proj.bias),
+                    packed(attn.o_proj.weight), _bias(attn.o_proj.bias), layer.post_attention_layernorm.weight,
+                    packed(mlp.gate_up_proj.weight), _bias(mlp.gate_up_proj.bias), packed(mlp.down_proj.weight),
+                    _bias(mlp.down_proj.bias)]
+    qsl, kv_lens, tables, windows = _native_meta(batch)
+    cos, sin = cos_sin_rows(rope)
+    first = layers[0].self_attn
+    return cpu_native.decoder_layers(x, weights, [kv[0] for kv in kv_caches[:len(layers)]],
+                                     [kv[1] for kv in kv_caches[:len(layers)]], cos, sin, batch.slot_mapping, qsl,
+                                     kv_lens, tables, windows, first.num_heads, first.num_kv_heads,
+                                     layers[0].input_layernorm.eps, first.scale, model.norm.weight)
 
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
@@ -123,7 +160,9 @@ def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.de
         attend, norm, act = native_paged_attention, cpu_native.rmsnorm_residual, cpu_native.silu_and_mul
         rope, plain_norm = cpu_native.rope_write_kv, cpu_native.rmsnorm
     for m in model.modules():
-        if isinstance(m, RMSNorm):
+        if isinstance(m, LlamaForCausalLM):
+            m.fused_layers = native_decoder_layers if backend == "native" else None
+        elif isinstance(m, RMSNorm):
             m.fused_add_norm, m.fused_norm = norm, plain_norm
         elif isinstance(m, SwiGLUMLP):
             m.fused_act = act

@@ -43,7 +43,7 @@ _STACKED = (
 _ROPE_ROWS = "rope_cos_sin_rows"
 
 
-def _cos_sin_rows(rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin_rows(rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused RoPE kernels' operands: cos and +sin, N rows of d / 2 with one row stride (the signed
     table's second half; halves_tables' views of one [N, 3, d / 2] lookup share the row stride)."""
     cos, signed_sin = rope
@@ -73,7 +73,7 @@ class LlamaAttention(nn.Module):
             # bucket's batch, and its cache, lives on across steps)
             made = batch.cache.get(_ROPE_ROWS)
             if made is None or made[0] is not rope:
-                made = batch.cache[_ROPE_ROWS] = (rope, _cos_sin_rows(rope))
+                made = batch.cache[_ROPE_ROWS] = (rope, cos_sin_rows(rope))
             q = self.rope_write_kv(qkv, *made[1], batch.slot_mapping, kv_cache[0], kv_cache[1], h, kvh)
             out = self.attend(q, kv_cache[0], kv_cache[1], batch, self.scale)  # [N, h, d]
             return self.o_proj(out.view(n, h * d) if out.is_contiguous() else out.reshape(n, h * d))
@@ -110,6 +110,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # (model, embeddings [N, H], rope, batch, kv_caches) -> final-normed hidden [N, H] from every layer in one
+    # call, or None where it does not apply; set by attention_backends (the native CPU kernels)
+    fused_layers = None
+
     def __init__(self, config: ModelConfig, tp: TPContext = TPContext.single(), dtype: torch.dtype | None = None):
         """Parameters are allocated uninitialised on the current default device; fill them with load_weights."""
         super().__init__()
@@ -136,6 +140,10 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{len(kv_caches)} KV caches given for {n} layers; allocate one per layer")
         x = self.embed_tokens(batch.input_ids)  # [N, H]
         rope = self.rotary.halves_tables(batch.positions)  # once per forward
+        if self.fused_layers is not None and n == len(self.layers):
+            out = self.fused_layers(self, x, rope, batch, kv_caches)
+            if out is not None:
+                return out
         lone = batch.num_tokens == 1 and x.device.type == "cpu" and cpu_linear.lone_row_doubled(x.dtype)
         if lone:  # oneDNN's products: two identical rows: no per-product padding (see ForwardBatch.doubled); rope broadcasts
             batch, x = batch.doubled(), x.expand(2, -1)

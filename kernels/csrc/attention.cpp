@@ -35,10 +35,9 @@ struct Batch {
   const int64_t* kv_lens;
   const int64_t* tables;
   int64_t table_stride, block_size;
-  const int64_t* win_lens;   // nullptr: every sequence causal over its new tokens
-  const int64_t* row_start;
-  const uint8_t* mask;
-  int64_t mask_stride;
+  // sequence b's window mask [q_b, w_b] (True = visible) over its last w_b key positions; w_b = 0: causal
+  std::vector<const uint8_t*> masks;
+  std::vector<int64_t> win_lens;
 };
 
 struct Item {
@@ -225,13 +224,13 @@ void weigh_values(const Row* rows, int R, const Cache& cache, const int64_t* slo
 void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, int64_t sq1, float* out, int64_t h,
                  int64_t group, const Cache& cache, float scale, Scratch& sc) {
   const int64_t b = it.seq, qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
-  const int64_t w = bt.win_lens ? bt.win_lens[b] : 0;
+  const int64_t w = bt.win_lens[b];
   Row rows[kMaxRows];
   int R = 0;
   int64_t keys = 0;
   for (int64_t i = it.tok0; i < it.tok1; ++i) {
     const int64_t qi = i - bt.qsl[b];
-    const uint8_t* win = w > 0 ? bt.mask + (bt.row_start[b] + qi) * bt.mask_stride : nullptr;
+    const uint8_t* win = w > 0 ? bt.masks[b] + qi * w : nullptr;
     const int64_t prefix = w > 0 ? L - w : L - qlen + qi + 1;  // causal: every key up to itself
     for (int64_t j = 0; j < group; ++j) {
       const int64_t head = it.kv_head * group + j;
@@ -256,8 +255,7 @@ void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, i
   weigh_values(rows, R, cache, sc.slots.data(), keys, sc.scores.data(), sums);
 }
 
-void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int64_t num_blocks,
-                 int64_t mask_rows, int64_t mask_width) {
+void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int64_t num_blocks) {
   TORCH_CHECK(bt.qsl[0] == 0 && bt.qsl[B] == N, "paged_attention: query_start_loc must run from 0 to N=", N,
               ", got ", bt.qsl[0], "..", bt.qsl[B]);
   for (int64_t b = 0; b < B; ++b) {
@@ -269,12 +267,28 @@ void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int6
     for (int64_t j = 0; j * bt.block_size < L; ++j)
       TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, "paged_attention: block_tables[", b, "][", j, "] = ",
                   table[j], " is outside the cache's ", num_blocks, " blocks");
-    if (bt.win_lens && bt.win_lens[b] > 0) {
-      const int64_t w = bt.win_lens[b];
-      TORCH_CHECK(w <= L && w <= mask_width && bt.row_start[b] >= 0 && bt.row_start[b] + qlen <= mask_rows,
-                  "paged_attention: sequence ", b, "'s window of ", w, " keys (rows from ", bt.row_start[b],
-                  ") does not fit kv_len ", L, " or the mask's ", mask_rows, " x ", mask_width);
-    }
+    TORCH_CHECK(bt.win_lens[b] <= L, "paged_attention: sequence ", b, "'s window of ", bt.win_lens[b],
+                " keys is longer than its kv_len ", L);
+  }
+}
+
+// the windows' masks: one per sequence, [q_b, w_b] bool (an empty tensor: causal)
+void read_windows(Batch& bt, at::TensorList windows, int64_t B) {
+  bt.masks.assign(B, nullptr);
+  bt.win_lens.assign(B, 0);
+  if (windows.empty()) return;
+  TORCH_CHECK(static_cast<int64_t>(windows.size()) == B, "paged_attention: ", windows.size(),
+              " window masks for ", B, " sequences; give one per sequence (an empty tensor for causal)");
+  for (int64_t b = 0; b < B; ++b) {
+    const at::Tensor& w = windows[b];
+    if (w.numel() == 0) continue;
+    const int64_t qlen = bt.qsl[b + 1] - bt.qsl[b];
+    TORCH_CHECK(w.device().is_cpu() && (w.scalar_type() == at::kBool || w.scalar_type() == at::kByte) &&
+                    w.dim() == 2 && w.size(0) == qlen && w.is_contiguous(),
+                "paged_attention: window mask ", b, " must be a contiguous [q=", qlen, ", w] bool CPU tensor, got ",
+                w.sizes(), " ", w.scalar_type());
+    bt.masks[b] = static_cast<const uint8_t*>(w.const_data_ptr());
+    bt.win_lens[b] = w.size(1);
   }
 }
 
@@ -282,8 +296,8 @@ void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int6
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& query_start_loc, const at::Tensor& kv_lens,
-                           const at::Tensor& block_tables, double scale, const std::optional<at::Tensor>& win_lens,
-                           const std::optional<at::Tensor>& row_start, const std::optional<at::Tensor>& mask) {
+                           const at::Tensor& block_tables, double scale, at::TensorList windows,
+                           const at::Tensor& result) {
   check_f32(q, "paged_attention: q");
   check_f32(k_cache, "paged_attention: k_cache");
   check_f32(v_cache, "paged_attention: v_cache");
@@ -307,29 +321,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                   query_start_loc.is_contiguous(),
               "paged_attention: query_start_loc ", query_start_loc.sizes(), ", kv_lens ", kv_lens.sizes(),
               ", block_tables ", block_tables.sizes(), " do not describe one batch");
-  const bool tree = win_lens.has_value();
-  TORCH_CHECK(tree == row_start.has_value() && tree == mask.has_value(),
-              "paged_attention: win_lens, row_start and mask come together");
   Batch bt{query_start_loc.const_data_ptr<int64_t>(), kv_lens.const_data_ptr<int64_t>(),
-           block_tables.const_data_ptr<int64_t>(), block_tables.stride(0), bs, nullptr, nullptr, nullptr, 0};
-  int64_t mask_rows = 0, mask_width = 0;
-  if (tree) {
-    check_i64(*win_lens, "paged_attention: win_lens");
-    check_i64(*row_start, "paged_attention: row_start");
-    TORCH_CHECK(win_lens->size(0) == B && row_start->size(0) == B && win_lens->is_contiguous() &&
-                    row_start->is_contiguous() && mask->dim() == 2 && mask->stride(1) == 1 &&
-                    (mask->scalar_type() == at::kBool || mask->scalar_type() == at::kByte),
-                "paged_attention: win_lens ", win_lens->sizes(), " / row_start ", row_start->sizes(), " / mask ",
-                mask->sizes(), " ", mask->scalar_type(), ": need [B] int64 twice and a [R, W] bool mask");
-    bt.win_lens = win_lens->const_data_ptr<int64_t>();
-    bt.row_start = row_start->const_data_ptr<int64_t>();
-    bt.mask = static_cast<const uint8_t*>(mask->const_data_ptr());
-    bt.mask_stride = mask->stride(0);
-    mask_rows = mask->size(0);
-    mask_width = mask->size(1);
-  }
-  check_batch(bt, B, N, block_tables.size(1), num_blocks, mask_rows, mask_width);
-  at::Tensor out = at::empty({N, h, d}, q.options());
+           block_tables.const_data_ptr<int64_t>(), block_tables.stride(0), bs, {}, {}};
+  read_windows(bt, windows, B);
+  check_batch(bt, B, N, block_tables.size(1), num_blocks);
+  at::Tensor out = result_buffer(result, {N, h, d}, q, "paged_attention");
   if (N == 0) return out;
   const int64_t group = h / kvh, tile = std::max<int64_t>(1, kMaxRows / group);
   std::vector<Item> items;

@@ -43,13 +43,13 @@ void check_rows(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
-at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& result) {
   check_rows(x, "rmsnorm: x");
   check_f32(weight, "rmsnorm: weight");
   const int64_t N = x.size(0), H = x.size(1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H && weight.is_contiguous(), "rmsnorm: weight must be [", H,
               "], got ", weight.sizes());
-  at::Tensor out = at::empty({N, H}, x.options());
+  at::Tensor out = result_buffer(result, {N, H}, x, "rmsnorm");
   const float* xp = x.const_data_ptr<float>();
   const float* wp = weight.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
@@ -60,7 +60,8 @@ at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
+at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                            const at::Tensor& result) {
   check_rows(x, "rmsnorm_residual: x");
   check_rows(residual, "rmsnorm_residual: residual");
   check_f32(weight, "rmsnorm_residual: weight");
@@ -69,7 +70,7 @@ at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at:
                   weight.is_contiguous(),
               "rmsnorm_residual: x ", x.sizes(), ", residual ", residual.sizes(), ", weight ", weight.sizes(),
               " do not match");
-  at::Tensor out = at::empty({N, H}, x.options());
+  at::Tensor out = result_buffer(result, {N, H}, x, "rmsnorm_residual");
   float* xp = x.mutable_data_ptr<float>();
   const float* rp = residual.const_data_ptr<float>();
   const float* wp = weight.const_data_ptr<float>();
@@ -88,11 +89,11 @@ at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at:
   return out;
 }
 
-at::Tensor silu_and_mul(const at::Tensor& x) {
+at::Tensor silu_and_mul(const at::Tensor& x, const at::Tensor& result) {
   check_rows(x, "silu_and_mul: x");
   TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul: x's last dim must be even (gate | up), got ", x.size(1));
   const int64_t N = x.size(0), I = x.size(1) / 2;
-  at::Tensor out = at::empty({N, I}, x.options());
+  at::Tensor out = result_buffer(result, {N, I}, x, "silu_and_mul");
   const float* xp = x.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
   const int64_t sx = x.stride(0);
@@ -114,7 +115,8 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 }
 
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                         const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh) {
+                         const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
+                         const at::Tensor& result) {
   check_rows(qkv, "rope_write_kv: qkv");
   check_f32(cos, "rope_write_kv: cos");
   check_f32(sin, "rope_write_kv: sin");
@@ -138,7 +140,7 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
               "rope_write_kv: caches ", k_cache.sizes(), " / ", v_cache.sizes(), " must be contiguous [..., kvh=", kvh,
               ", d=", d, "]");
   const int64_t num_slots = k_cache.numel() / (kvh * d);
-  at::Tensor q = at::empty({N, h, d}, qkv.options());
+  at::Tensor q = result_buffer(result, {N, h, d}, qkv, "rope_write_kv");
   const float* src = qkv.const_data_ptr<float>();
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
@@ -21,21 +22,42 @@ inline void check_i64(const at::Tensor& t, const char* what) {
               " must be an int64 CPU tensor, got ", t.scalar_type(), " on ", t.device());
 }
 
+// Each kernel writes into ``out`` when it is given (defined: checked to have the result's shape and
+// contiguous; layers.cpp reuses buffers this way), else into a new tensor; it returns the result.
+
+// out: the result's buffer, given or made
+inline at::Tensor result_buffer(const at::Tensor& out, at::IntArrayRef shape, const at::Tensor& like, const char* what) {
+  if (!out.defined()) return at::empty(shape, like.options());
+  TORCH_CHECK(out.sizes() == shape && out.is_contiguous() && out.scalar_type() == at::kFloat, what,
+              ": the output buffer ", out.sizes(), " is not a contiguous float32 ", shape);
+  return out;
+}
+
 // linear.cpp
 at::Tensor pack_linear(const at::Tensor& weight);
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
+                  const at::Tensor& out = at::Tensor());
 
 // fused.cpp
-at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out = at::Tensor());
+at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                            const at::Tensor& out = at::Tensor());
+at::Tensor silu_and_mul(const at::Tensor& x, const at::Tensor& out = at::Tensor());
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                         const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh);
+                         const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
+                         const at::Tensor& out = at::Tensor());
 
 // attention.cpp
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& query_start_loc, const at::Tensor& kv_lens,
-                           const at::Tensor& block_tables, double scale, const std::optional<at::Tensor>& win_lens,
-                           const std::optional<at::Tensor>& row_start, const std::optional<at::Tensor>& mask);
+                           const at::Tensor& block_tables, double scale, at::TensorList windows,
+                           const at::Tensor& out = at::Tensor());
+
+// layers.cpp
+at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::TensorList k_caches,
+                          at::TensorList v_caches, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                          const at::Tensor& query_start_loc, const at::Tensor& kv_lens, const at::Tensor& block_tables,
+                          at::TensorList windows, int64_t h, int64_t kvh, double eps, double scale,
+                          const at::Tensor& final_norm);
 
 }  // namespace specray

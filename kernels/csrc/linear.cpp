@@ -117,7 +117,8 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
+                  const at::Tensor& out) {
   check_f32(x, "linear: x");
   TORCH_CHECK(packed.device().is_cpu() && (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
               "linear: the packed weight must be float32 or bfloat16 on CPU, got ", packed.scalar_type());
@@ -132,7 +133,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, cons
                 "], got ", bias->sizes());
   }
   const int64_t M = x.size(0), K = x.size(1), T = packed.size(0);
-  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor y = result_buffer(out, {M, N}, x, "linear");
   if (M == 0 || N == 0) return y;
   const float* xp = x.const_data_ptr<float>();
   const float* bp = bias ? bias->const_data_ptr<float>() : nullptr;

@@ -17,17 +17,31 @@ bool has_avx512() { return kAvx512; }
 #define SPECRAY_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 
 SPECRAY_LIBRARY(SPECRAY_NS, m) {
+  using at::Tensor;
+  using std::optional;
   m.def("has_avx512() -> bool", &specray::has_avx512);
   m.def("pack_linear(Tensor weight) -> Tensor", &specray::pack_linear);
-  m.def("linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor", &specray::linear);
-  m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", &specray::rmsnorm);
+  m.def("linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor",
+        [](const Tensor& x, const Tensor& packed, int64_t n, const optional<Tensor>& bias) {
+          return specray::linear(x, packed, n, bias);
+        });
+  m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor",
+        [](const Tensor& x, const Tensor& w, double eps) { return specray::rmsnorm(x, w, eps); });
   m.def("rmsnorm_residual(Tensor(a!) x, Tensor residual, Tensor weight, float eps) -> Tensor",
-        &specray::rmsnorm_residual);
-  m.def("silu_and_mul(Tensor x) -> Tensor", &specray::silu_and_mul);
+        [](Tensor& x, const Tensor& r, const Tensor& w, double eps) { return specray::rmsnorm_residual(x, r, w, eps); });
+  m.def("silu_and_mul(Tensor x) -> Tensor", [](const Tensor& x) { return specray::silu_and_mul(x); });
   m.def("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "int h, int kvh) -> Tensor",
-        &specray::rope_write_kv);
+        [](const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& slots, Tensor& k, Tensor& v,
+           int64_t h, int64_t kvh) { return specray::rope_write_kv(qkv, cos, sin, slots, k, v, h, kvh); });
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor kv_lens, "
-        "Tensor block_tables, float scale, Tensor? win_lens=None, Tensor? row_start=None, Tensor? mask=None) -> Tensor",
-        &specray::paged_attention);
+        "Tensor block_tables, float scale, Tensor[] windows) -> Tensor",
+        [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qsl, const Tensor& lens,
+           const Tensor& tables, double scale, at::TensorList windows) {
+          return specray::paged_attention(q, k, v, qsl, lens, tables, scale, windows);
+        });
+  m.def("decoder_layers(Tensor x, Tensor[] weights, Tensor[] k_caches, Tensor[] v_caches, Tensor cos, Tensor sin, "
+        "Tensor slots, Tensor query_start_loc, Tensor kv_lens, Tensor block_tables, Tensor[] windows, "
+        "int h, int kvh, float eps, float scale, Tensor final_norm) -> Tensor",
+        &specray::decoder_layers);
 }

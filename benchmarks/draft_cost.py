@@ -69,7 +69,8 @@ def measure(proposer_for, batch: int, context: int, hidden: int, vocab: int, dev
     return rows
 
 
-def run(model_name: str, device: torch.device, batches: list[int], context: int, reps: int) -> list[dict]:
+def run(model_name: str, device: torch.device, batches: list[int], context: int, reps: int,
+        backend: str = "auto") -> list[dict]:
     """Every (batch, chain|tree, eager|graphs) case of the committed head for ``model_name``."""
     from actors.model.attention_backends import set_attention_backend
     from actors.model.loader import load_model
@@ -77,7 +78,7 @@ def run(model_name: str, device: torch.device, batches: list[int], context: int,
     from actors.verifier import Verifier
 
     model = load_model(model_name, device=device).model
-    set_attention_backend(model, "auto", device)
+    set_attention_backend(model, backend, device)
     verifier = Verifier(model, 4, 16, device, model.dtype, enforce_eager=True)
     cfg = model.config
     rows = []
@@ -103,10 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+                    help="the target's backend, which the head borrows (auto: as the engine runs)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    rows = run(args.model, device, [int(x) for x in args.batch.split(",")], args.context, args.reps)
+    rows = run(args.model, device, [int(x) for x in args.batch.split(",")], args.context, args.reps,
+               args.attention_backend)
     print(f"{args.model} EAGLE head on {device}, context {args.context}, K={K}, tree width {TREE_WIDTH}\n")
     print(table(rows))
     return 0

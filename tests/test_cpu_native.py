@@ -327,34 +327,20 @@ def test_all_layers_in_one_op_give_the_layer_by_layer_bits(tiny_target_dir, monk
     assert skip.shape == outs[0][0].shape and len(calls) == 2
 
 
-ENGINE_CASES = [
-    pytest.param(dict(), id="plain"),
-    pytest.param(dict(draft="draft", self_draft=True, tree=[1, 2, 1]), id="self-draft-tree"),
-    pytest.param(dict(draft="layerskip:1", k=3), id="layerskip-chain"),
-]
-
-
-@pytest.mark.parametrize("spec", ENGINE_CASES)
-def test_engine_greedy_output_matches_the_torch_backend(spec, tiny_target_dir):
+@pytest.mark.parametrize("case", ["plain", "self-draft-tree", "layerskip-chain"])
+def test_engine_greedy_output_matches_the_torch_backend(case, tiny_target_dir):
     """4 prompts, 12 tokens each, concurrency 2, on the engine: the native backend (its one-op layers
     and its attention for the draft model's trees and layer-skip drafts) emits the torch backend's
     tokens, with and without speculation."""
     from actors.model import attention_backends as ab
     from actors.sampling_params import SamplingParams
-    from tests.tiny import random_prompts, tiny_engine
+    from tests.tiny import BACKEND_SPECS, generate_per_backend, random_prompts
 
-    spec = dict(spec)
-    if spec.pop("self_draft", False):
-        spec["draft_dir"] = tiny_target_dir
-    prompts = random_prompts(4, seed=7)
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    outs = {}
-    for backend in ("torch", "native"):
-        eng = tiny_engine(tiny_target_dir, attention_backend=backend, **spec)
-        model = eng.verifier.model
-        assert (model.fused_layers is ab.native_decoder_layers) == (backend == "native")
-        outs[backend] = eng.generate(prompts, params, concurrency=2)
-        ab.set_attention_backend(model, "torch")
+    spec = BACKEND_SPECS[case]
+    runs = generate_per_backend(tiny_target_dir, spec, ("torch", "native"), random_prompts(4, seed=7),
+                                SamplingParams(max_tokens=12, ignore_eos=True))
+    assert runs["native"][0] is ab.native_paged_attention and runs["torch"][0] is not ab.native_paged_attention
+    outs = {backend: o for backend, (_, o) in runs.items()}
     assert [o.token_ids for o in outs["native"]] == [o.token_ids for o in outs["torch"]]
     if spec:
         assert sum(o.num_draft_tokens for o in outs["native"]) > 0, "speculation never ran"

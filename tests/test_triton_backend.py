@@ -23,7 +23,7 @@ from actors.sampling_params import SamplingParams  # noqa: E402
 from cluster.config import EngineConfig  # noqa: E402
 from tests.model import Chunk, make_batch, random_ids, random_tables  # noqa: E402
 from tests.model.test_tree_attention import PARENTS, ancestor_mask, tree_depths  # noqa: E402
-from tests.tiny import random_prompts, tiny_engine  # noqa: E402
+from tests.tiny import BACKEND_SPECS, generate_per_backend, random_prompts  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CUDA the same tests run compiled
 
@@ -121,30 +121,17 @@ def test_model_forward_matches_torch_backend(tiny_model, fused):
     torch.testing.assert_close(_mixed_forward(tiny_model), want, atol=1e-4, rtol=1e-4)
 
 
-ENGINE_CASES = [
-    pytest.param(dict(), id="plain"),
-    pytest.param(dict(draft="draft", self_draft=True, tree=[1, 2, 1]), id="self-draft-tree"),
-    pytest.param(dict(draft="layerskip:1", k=3), id="layerskip-chain"),
-]
-
-
-@pytest.mark.parametrize("spec", ENGINE_CASES)
-def test_engine_greedy_output_is_identical(spec, tiny_target_dir):
+@pytest.mark.parametrize("case", sorted(BACKEND_SPECS))
+def test_engine_greedy_output_is_identical(case, tiny_target_dir):
     """2 prompts, 8 tokens each, concurrency 2: the same tokens on both backends (trees included)."""
-    spec = dict(spec)
-    if spec.pop("self_draft", False):
-        spec["draft_dir"] = tiny_target_dir
-    prompts = random_prompts(2, seed=3)
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
-    outs = {}
-    for backend in ("torch", "triton"):
-        eng = tiny_engine(tiny_target_dir, attention_backend=backend, device=DEVICE, **spec)
-        attn = eng.verifier.model.layers[0].self_attn.attend
+    spec = BACKEND_SPECS[case]
+    runs = generate_per_backend(tiny_target_dir, spec, ("torch", "triton"), random_prompts(2, seed=3),
+                                SamplingParams(max_tokens=8, ignore_eos=True), device=DEVICE)
+    for backend, (attn, _) in runs.items():
         assert attn is (ab.triton_paged_attention if backend == "triton" else paged_attention)
-        outs[backend] = eng.generate(prompts, params)
+    outs = {backend: o for backend, (_, o) in runs.items()}
     assert [o.token_ids for o in outs["triton"]] == [o.token_ids for o in outs["torch"]]
     if spec:
         assert sum(o.num_draft_tokens for o in outs["triton"]) > 0, "speculation never ran"
     if spec.get("tree"):
         assert sum(o.num_accepted_tokens for o in outs["triton"]) > 0, "no tree node was accepted"
-    ab.set_attention_backend(eng.verifier.model, "torch")

@@ -66,6 +66,29 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
                      draft_loaded=_load(str(draft_dir), dev) if draft == "draft" else None, spec_policy=spec_policy)
 
 
+# what the attention-backend tests run each backend's engine through: plain decoding, a draft
+# model's token tree (the target's own weights as the draft), a layer-skip chain
+BACKEND_SPECS = {"plain": {}, "self-draft-tree": dict(draft="draft", self_draft=True, tree=[1, 2, 1]),
+                 "layerskip-chain": dict(draft="layerskip:1", k=3)}
+
+
+def generate_per_backend(model_dir: Path, spec: dict, backends: tuple[str, ...], prompts, params,
+                         **cfg) -> dict:
+    """backend -> (the attention its engine ran, outputs of ``generate(prompts, params)``) for one
+    ``BACKEND_SPECS`` entry; the shared tiny target is left on the torch backend."""
+    from actors.model.attention_backends import set_attention_backend
+
+    spec = dict(spec)
+    if spec.pop("self_draft", False):
+        spec["draft_dir"] = model_dir
+    out = {}
+    for backend in backends:
+        eng = tiny_engine(model_dir, attention_backend=backend, **spec, **cfg)
+        out[backend] = (eng.verifier.model.layers[0].self_attn.attend, eng.generate(prompts, params, concurrency=2))
+    set_attention_backend(eng.verifier.model, "torch")
+    return out
+
+
 def random_prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 40, vocab: int = 256) -> list[list[int]]:
     """Token-id prompts with some repetition inside (so n-gram lookup has something to find)."""
     g = torch.Generator().manual_seed(seed)

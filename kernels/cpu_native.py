@@ -43,7 +43,6 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "linear.cpp", "fused.cpp", "attention.cpp", "layers.cpp")
 HEADERS = ("kernels.h", "vec16.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
-LANES = 16  # output columns per packed weight tile
 
 _lock = threading.Lock()
 _state: dict = {"ok": None, "why": None, "name": None}

@@ -244,6 +244,12 @@ x, w = torch.randn(13, 40, generator=g), torch.randn(37, 40, generator=g)
 y = ops.linear(x, ops.pack_linear(w), 37, None)
 torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
 assert torch.equal(ops.linear(x[:1], ops.pack_linear(w), 37, None)[0], y[0])
+from kernels import gguf_blocks as gb
+from tests.test_gguf_blocks import random_blocks
+xq = torch.randn(13, 64, generator=g)
+for kind in ("Q4_1", "Q8_0"):  # half scales (a subnormal one), nibbles, int8: widened exactly
+    b = random_blocks(kind, 37, 64, seed=2)
+    assert torch.equal(ops.linear(xq, gb.pack(b), 37, None), ops.linear(xq, ops.pack_linear(gb.dequantize(b)), 37, None))
 s = torch.randn(4, 2 * 35, generator=g) * 20
 torch.testing.assert_close(ops.silu_and_mul(s), silu_and_mul_ref(s), rtol=2e-6, atol=1e-6)
 k, v = torch.randn(6, 16, 2, 24, generator=g), torch.randn(6, 16, 2, 24, generator=g)

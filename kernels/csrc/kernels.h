@@ -35,6 +35,8 @@ inline at::Tensor result_buffer(const at::Tensor& out, at::IntArrayRef shape, co
 
 // linear.cpp
 at::Tensor pack_linear(const at::Tensor& weight);
+// K of a packed weight: [T, K, 16] fp32/bf16, or [T, K / 32, tile bytes] uint8 (quantized tiles)
+int64_t packed_in_features(const at::Tensor& packed);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                   const at::Tensor& out = at::Tensor());
 

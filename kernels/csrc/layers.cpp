@@ -6,7 +6,7 @@
 // weights: kWeightsPerLayer tensors per layer, in this order (an empty tensor for an absent bias):
 //   input norm [H], qkv packed, qkv bias [(h + 2 kvh) d], o packed, o bias [H],
 //   post-attention norm [H], gate_up packed, gate_up bias [2I], down packed, down bias [H]
-// (packed: kernels/cpu_native.py pack_linear, fp32 or bf16).
+// (packed: kernels/cpu_native.py pack_linear, fp32 or bf16, or kernels/gguf_blocks.py quantized tiles).
 #include "kernels.h"
 
 #include <ATen/ops/empty.h>
@@ -35,7 +35,7 @@ at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::Tenso
               "decoder_layers: ", weights.size(), " weights and ", k_caches.size(), " / ", v_caches.size(),
               " caches: need ", kWeightsPerLayer, " weights and one K and one V cache per layer");
   const int64_t N = x.size(0), H = x.size(1), d = k_caches[0].size(-1), qkv_width = (h + 2 * kvh) * d;
-  const int64_t I = weights[8].size(1);  // down's packed weight is [tiles, I, 16]
+  const int64_t I = packed_in_features(weights[8]);  // down's input width
   // buffers every layer reuses; a and b take turns holding the residual stream
   auto buffer = [&](std::initializer_list<int64_t> shape) { return at::empty(shape, x.options()); };
   at::Tensor normed = buffer({N, H}), qkv = buffer({N, qkv_width}), q = buffer({N, h, d}), attn = buffer({N, h, d});

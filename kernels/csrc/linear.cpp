@@ -6,20 +6,71 @@
 // rows share the call (greedy verification checks drafts against exactly what decoding computes),
 // nor on the thread count. Rows go through in register blocks of up to 12 rows x 2 tiles, so the
 // weights are read from memory once per call for any row count; threads split the tiles.
+//
+// The packed weight can also be a GGUF model's own quantized blocks (uint8 [T, K / 32, bytes], one
+// struct below per 16 columns x 32 k): Q4_1 (w = d q + m, 5 bits a weight) or Q8_0 (w = d q, 8.5).
+// Each weight is rebuilt in fp32 right before its fma with the same rounding as the dequantization
+// that produced the fp32 model (gguf's d * q exact, then + m rounded once: one fma), so the product
+// has the fp32 packed weight's bits while streaming 6.4x (Q4_1) or 3.8x (Q8_0) fewer bytes.
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace specray {
 namespace {
 
 constexpr int kRowBlock = 12;  // 12 rows x 2 tiles: 24 accumulators + 2 weight registers of 32
+// quantized tiles also hold scales and minimums in registers: 12 rows spill (2026-11-27, 2-core Xeon VM,
+// Q4_1 decoder matrices: 11 rows 10.5 ms a pass, 12 rows 13.3 with blocks of 12, 13.5 as 11 + 1)
+constexpr int kQuantRowBlock = 11;
 // each k reads one 64-byte line per tile; prefetching 64 lines (4 KB) ahead keeps enough loads in
 // flight once a block's FMAs slow the loop down (8-12 rows: ~15% faster on the 2-core Xeon VM)
 constexpr int64_t kPrefetchLines = 64;
+
+constexpr int64_t kBlockK = 32;  // k per quantized block (GGUF's QK4_1 and QK8_0)
+
+// 16 columns x 32 k of Q4_1: per column a scale and a minimum (IEEE half), then 16 rows of 16 bytes,
+// row p holding k = 2p in each byte's low nibble and k = 2p + 1 in its high one (column j in byte j)
+struct Q4_1Tile {
+  uint16_t d[kLanes];
+  uint16_t m[kLanes];
+  uint8_t q[kBlockK / 2][kLanes];
+};
+// 16 columns x 32 k of Q8_0: per column a scale (IEEE half), then 32 rows of 16 int8 (column j in byte j)
+struct Q8_0Tile {
+  uint16_t d[kLanes];
+  int8_t q[kBlockK][kLanes];
+};
+static_assert(sizeof(Q4_1Tile) == 320 && sizeof(Q8_0Tile) == 544, "quantized tiles must be packed");
+
+template <typename W>
+constexpr bool kQuantized = std::is_same_v<W, Q4_1Tile> || std::is_same_v<W, Q8_0Tile>;
+
+// elements of W one tile (16 columns) spans over K
+template <typename W>
+constexpr int64_t tile_elems(int64_t K) {
+  if constexpr (kQuantized<W>) return K / kBlockK;
+  else return K * kLanes;
+}
+
+// the sums of MR rows x TN tiles (columns n0..), + bias, into y [M, N]
+template <int MR, int TN>
+inline void store_block(const V16 (&acc)[MR][TN], float* y, int64_t N, int64_t n0, const float* bias) {
+  for (int t = 0; t < TN; ++t) {
+    const int64_t n = n0 + t * kLanes;
+    const int valid = static_cast<int>(std::min<int64_t>(kLanes, N - n));
+    const V16 b = bias ? vload_n(bias + n, valid) : vzero();
+    for (int m = 0; m < MR; ++m) {
+      const V16 out = bias ? vadd(acc[m][t], b) : acc[m][t];
+      if (valid == kLanes) vstore(y + m * N + n, out);
+      else vstore_n(y + m * N + n, out, valid);
+    }
+  }
+}
 
 template <int MR, int TN, typename W>
 inline void block(const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
@@ -38,37 +89,88 @@ inline void block(const float* x, int64_t sx, const W* w, int64_t K, float* y, i
       for (int t = 0; t < TN; ++t) acc[m][t] = vfma(wv[t], xb, acc[m][t]);
     }
   }
-  for (int t = 0; t < TN; ++t) {
-    const int64_t n = n0 + t * kLanes;
-    const int valid = static_cast<int>(std::min<int64_t>(kLanes, N - n));
-    const V16 b = bias ? vload_n(bias + n, valid) : vzero();
-    for (int m = 0; m < MR; ++m) {
-      const V16 out = bias ? vadd(acc[m][t], b) : acc[m][t];
-      if (valid == kLanes) vstore(y + m * N + n, out);
-      else vstore_n(y + m * N + n, out, valid);
+  store_block<MR, TN>(acc, y, N, n0, bias);
+}
+
+// block's contract over quantized tiles: each k's 16 weights rebuilt in fp32, then the same fma order
+template <int MR, int TN, typename W>
+inline void qblock(const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
+                   const float* bias) {
+  constexpr int64_t kAhead = 4096 / sizeof(W) + 1;  // tiles (of this column block) prefetched ahead
+  const int64_t KB = K / kBlockK;
+  V16 acc[MR][TN];
+  for (int m = 0; m < MR; ++m)
+    for (int t = 0; t < TN; ++t) acc[m][t] = vzero();
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    const W* tile[TN];
+    V16 d[TN], mn[TN];
+    for (int t = 0; t < TN; ++t) {
+      tile[t] = w + t * KB + kb;
+      const char* ahead = reinterpret_cast<const char*>(tile[t] + kAhead);
+      for (size_t line = 0; line < sizeof(W); line += 64) __builtin_prefetch(ahead + line, 0, 3);
+      d[t] = vload_f16(tile[t]->d);
+      if constexpr (std::is_same_v<W, Q4_1Tile>) mn[t] = vload_f16(tile[t]->m);
+    }
+    const float* xk = x + kb * kBlockK;
+    if constexpr (std::is_same_v<W, Q4_1Tile>) {
+      for (int p = 0; p < kBlockK / 2; ++p) {
+        V16 w0[TN], w1[TN];
+        for (int t = 0; t < TN; ++t) {
+          V16 q0, q1;
+          vload_nibbles(tile[t]->q[p], q0, q1);
+          w0[t] = vfma(q0, d[t], mn[t]);  // d q is exact: one rounding, as gguf's (d * q) + m
+          w1[t] = vfma(q1, d[t], mn[t]);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const V16 x0 = vset1(xk[m * sx + 2 * p]), x1 = vset1(xk[m * sx + 2 * p + 1]);
+          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w0[t], x0, acc[m][t]);
+          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w1[t], x1, acc[m][t]);
+        }
+      }
+    } else {
+      for (int k = 0; k < kBlockK; ++k) {
+        V16 wk[TN];
+        for (int t = 0; t < TN; ++t) wk[t] = vmul(vload_i8(tile[t]->q[k]), d[t]);  // exact, as gguf's d * q
+        for (int m = 0; m < MR; ++m) {
+          const V16 xb = vset1(xk[m * sx + k]);
+          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(wk[t], xb, acc[m][t]);
+        }
+      }
     }
   }
+  store_block<MR, TN>(acc, y, N, n0, bias);
 }
+
+template <int MR, int TN, typename W>
+inline void any_block(const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
+                      const float* bias) {
+  if constexpr (kQuantized<W>) qblock<MR, TN, W>(x, sx, w, K, y, N, n0, bias);
+  else block<MR, TN, W>(x, sx, w, K, y, N, n0, bias);
+}
+
+template <typename W>
+constexpr int row_block() { return kQuantized<W> ? kQuantRowBlock : kRowBlock; }
 
 template <int TN, typename W>
 void rows(int64_t M, const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
           const float* bias) {
   int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) block<kRowBlock, TN, W>(x + m * sx, sx, w, K, y + m * N, N, n0, bias);
+  constexpr int R = row_block<W>();
+  for (; m + R <= M; m += R) any_block<R, TN, W>(x + m * sx, sx, w, K, y + m * N, N, n0, bias);
   const float* xm = x + m * sx;
   float* ym = y + m * N;
   switch (M - m) {
-    case 1: block<1, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 2: block<2, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 3: block<3, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 4: block<4, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 5: block<5, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 6: block<6, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 7: block<7, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 8: block<8, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 9: block<9, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 10: block<10, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
-    case 11: block<11, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 1: any_block<1, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 2: any_block<2, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 3: any_block<3, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 4: any_block<4, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 5: any_block<5, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 6: any_block<6, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 7: any_block<7, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 8: any_block<8, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 9: any_block<9, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 10: any_block<10, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
+    case 11: any_block<11, TN, W>(xm, sx, w, K, ym, N, n0, bias); break;
     default: break;
   }
 }
@@ -96,8 +198,9 @@ void run_linear(const float* xp, int64_t sx, int64_t M, const W* wp, int64_t K, 
   at::parallel_for(0, (T + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t t = 2 * p;
-      if (t + 1 < T) rows<2, W>(M, xp, sx, wp + t * K * kLanes, K, yp, N, t * kLanes, bp);
-      else rows<1, W>(M, xp, sx, wp + t * K * kLanes, K, yp, N, t * kLanes, bp);
+      const W* wt = wp + t * tile_elems<W>(K);
+      if (t + 1 < T) rows<2, W>(M, xp, sx, wt, K, yp, N, t * kLanes, bp);
+      else rows<1, W>(M, xp, sx, wt, K, yp, N, t * kLanes, bp);
     }
   });
 }
@@ -117,15 +220,26 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   return packed;
 }
 
+int64_t packed_in_features(const at::Tensor& packed) {
+  if (packed.scalar_type() == at::kByte) return packed.size(1) * kBlockK;
+  return packed.size(1);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                   const at::Tensor& out) {
   check_f32(x, "linear: x");
-  TORCH_CHECK(packed.device().is_cpu() && (packed.scalar_type() == at::kFloat || packed.scalar_type() == at::kBFloat16),
-              "linear: the packed weight must be float32 or bfloat16 on CPU, got ", packed.scalar_type());
+  const auto type = packed.scalar_type();
+  TORCH_CHECK(packed.device().is_cpu() && (type == at::kFloat || type == at::kBFloat16 || type == at::kByte),
+              "linear: the packed weight must be float32, bfloat16 or uint8 (quantized tiles) on CPU, got ", type);
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "linear: x must be [M, K] with contiguous rows, got ",
               x.sizes(), " strides ", x.strides());
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kLanes && packed.is_contiguous() &&
-                  packed.size(1) == x.size(1) && packed.size(0) * kLanes >= N && packed.size(0) * kLanes < N + kLanes,
+  const int64_t tile_bytes = type == at::kByte && packed.dim() == 3 ? packed.size(2) : 0;
+  TORCH_CHECK(type != at::kByte || tile_bytes == sizeof(Q4_1Tile) || tile_bytes == sizeof(Q8_0Tile),
+              "linear: a quantized packed weight must be uint8 [tiles, K / 32, ", sizeof(Q4_1Tile), " (Q4_1) or ",
+              sizeof(Q8_0Tile), " (Q8_0)], got ", packed.sizes());
+  TORCH_CHECK(packed.dim() == 3 && (type == at::kByte || packed.size(2) == kLanes) && packed.is_contiguous() &&
+                  packed_in_features(packed) == x.size(1) && packed.size(0) * kLanes >= N &&
+                  packed.size(0) * kLanes < N + kLanes,
               "linear: packed weight ", packed.sizes(), " does not fit x ", x.sizes(), " and N=", N);
   if (bias) {
     check_f32(*bias, "linear: bias");
@@ -138,10 +252,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, cons
   const float* xp = x.const_data_ptr<float>();
   const float* bp = bias ? bias->const_data_ptr<float>() : nullptr;
   float* yp = y.mutable_data_ptr<float>();
-  if (packed.scalar_type() == at::kFloat)
-    run_linear(xp, x.stride(0), M, packed.const_data_ptr<float>(), K, T, yp, N, bp);
+  const void* wp = packed.const_data_ptr();
+  if (type == at::kFloat)
+    run_linear(xp, x.stride(0), M, static_cast<const float*>(wp), K, T, yp, N, bp);
+  else if (type == at::kBFloat16)
+    run_linear(xp, x.stride(0), M, static_cast<const uint16_t*>(wp), K, T, yp, N, bp);
+  else if (tile_bytes == sizeof(Q4_1Tile))
+    run_linear(xp, x.stride(0), M, static_cast<const Q4_1Tile*>(wp), K, T, yp, N, bp);
   else
-    run_linear(xp, x.stride(0), M, static_cast<const uint16_t*>(packed.const_data_ptr()), K, T, yp, N, bp);
+    run_linear(xp, x.stride(0), M, static_cast<const Q8_0Tile*>(wp), K, T, yp, N, bp);
   return y;
 }
 

@@ -87,6 +87,21 @@ inline V16 vload_bf16(const uint16_t* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
 }
 
+// 16 IEEE half-precision values (their bits) widened exactly to fp32
+inline V16 vload_f16(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+// 16 bytes, each two 4-bit integers: lo gets the low nibbles, hi the high ones, as fp32 (0..15)
+inline void vload_nibbles(const uint8_t* p, V16& lo, V16& hi) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo.v = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+  hi.v = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+// 16 int8 values as fp32
+inline V16 vload_i8(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+
 #else
 constexpr bool kAvx512 = false;
 
@@ -134,6 +149,33 @@ inline V16 vload_bf16(const uint16_t* p) {
   }
   return r;
 }
+// IEEE half (its bits) -> fp32, exactly (subnormals, infinities and NaNs included)
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1Fu) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: man * 2^-24, exact in fp32
+    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &v, sizeof(float));
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(float));
+  return f;
+}
+inline V16 vload_f16(const uint16_t* p) { V16 r; SPECRAY_LANES r.v[i] = half_to_float(p[i]); return r; }
+inline void vload_nibbles(const uint8_t* p, V16& lo, V16& hi) {
+  SPECRAY_LANES {
+    lo.v[i] = static_cast<float>(p[i] & 15);
+    hi.v[i] = static_cast<float>(p[i] >> 4);
+  }
+}
+inline V16 vload_i8(const int8_t* p) { V16 r; SPECRAY_LANES r.v[i] = static_cast<float>(p[i]); return r; }
 #undef SPECRAY_LANES
 #endif
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from actors.model import registry
+from actors.model import gguf_weights, registry
 from actors.model.config import ModelConfig
 from actors.model.layers import TPContext
 from actors.model.llama import LlamaForCausalLM
@@ -185,7 +185,17 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype | None = None, device
         model = LlamaForCausalLM(config, tp, dtype)
     load_safetensors(model, model_dir)
     model.eval()
+    source = gguf_file(spec)
+    if source is not None and device.type == "cpu" and dtype is torch.float32:
+        gguf_weights.bind(model, source, model_dir)  # products stream the file's own blocks
     return LoadedModel(model, _LAZY, config, model_dir)
+
+
+def gguf_file(spec: str | os.PathLike) -> Path | None:
+    """The GGUF file an alias or path names, else None (an HF directory)."""
+    text = str(spec)
+    path = registry.resolve_alias(text) if registry.is_alias(text) else Path(text).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
 
 
 RANDOM_INIT_STD = 0.02  # the usual initializer_range of Llama configs

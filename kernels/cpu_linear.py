@@ -41,7 +41,7 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels import cpu_native  # noqa: E402
+from kernels import cpu_native, gguf_blocks  # noqa: E402
 
 KINDS = ("auto", "native", "onednn", "torch")
 KIND = os.environ.get("SPECRAY_CPU_LINEAR", "auto")  # read once
@@ -91,24 +91,31 @@ def packs(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [out, in] -> a new packed copy: ``cpu_native.pack_linear``'s tiles for fp32 with the
-    native kernels, else a oneDNN blocked copy (an opaque tensor). copy_ between two packs works."""
+    native kernels (or the storage ``store_as`` chose), else a oneDNN blocked copy (an opaque tensor).
+    copy_ between two packs works."""
     with torch.no_grad():
         w = weight.detach().contiguous()
         if _native_dtype(w.dtype):
             storage = getattr(weight, "_specray_storage", None)  # store_as
+            if storage == "Q8_0":
+                return gguf_blocks.pack(gguf_blocks.quantize_q8_0(w))
             return cpu_native.pack_linear(w if storage is None else w.to(storage))
         return torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
 
 
-def store_as(weight: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Products with the fp32 ``weight`` read its packed copy in ``dtype`` from now on (bfloat16: half
+STORAGES = (torch.float32, torch.bfloat16, "Q8_0")
+
+
+def store_as(weight: torch.Tensor, dtype: torch.dtype | str) -> bool:
+    """Products with the fp32 ``weight`` read its packed copy in ``dtype`` from now on: bfloat16 (half
     the bytes to stream; each value is widened exactly before its product, so inputs, sums and outputs
-    stay fp32). Native kernels only: returns False (and changes nothing) where the products are not
-    theirs. The EAGLE head stores its matrices this way (memory-bound at batch 1)."""
+    stay fp32) or ``"Q8_0"`` (3.8x fewer bytes; the weights rounded to 8-bit blocks, so products change:
+    for drafts only). Native kernels only: returns False (and changes nothing) where the products are
+    not theirs. The EAGLE head stores its matrices this way (memory-bound at batch 1)."""
+    if dtype not in STORAGES:
+        raise ValueError(f"store_as: weights are stored as float32, bfloat16 or 'Q8_0', not {dtype!r}")
     if not (packs(weight) and weight.dtype is torch.float32 and native()):
         return False
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"store_as: weights are stored as float32 or bfloat16, not {dtype}")
     weight._specray_storage = None if dtype is torch.float32 else dtype
     weight._specray_packed = (_version(weight), pack(weight))
     return True

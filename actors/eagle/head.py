@@ -23,7 +23,7 @@ from torch import nn
 
 from actors.model.attention import write_kv
 from actors.model.layers import RotaryEmbedding, apply_rotary
-from kernels.cpu_linear import linear, store_as
+from kernels.cpu_linear import linear, reordered, store_as
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_HEADS = {"smollm2-135m": WEIGHTS_DIR / "smollm2-135m.safetensors"}  # model alias -> committed head
@@ -61,6 +61,9 @@ def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2I] (gate | u
     return F.silu(gate) * up
 
 
+_NO_BIAS = torch.empty(0)
+
+
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)``, through the CPU few-row products when drafting (training batches keep F.linear)."""
     return linear(x, layer.weight, layer.bias)
@@ -72,6 +75,7 @@ class EagleHead(nn.Module):
     # beside a target that runs them (build_eagle_proposer); training keeps these autograd-able ones
     norm = staticmethod(_rms)
     act = staticmethod(_silu_and_mul)
+    native_layer = False  # drafting steps run the layer as one native op (proposers/head_kv.native_head_layer)
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -100,13 +104,23 @@ class EagleHead(nn.Module):
         self.lm_rows = self.target_lm_head[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
         return self
 
-    def store_matrices(self, dtype: torch.dtype) -> bool:
+    def store_matrices(self, dtype: torch.dtype | str) -> bool:
         """Products read the head's matrices (and its LM head rows, once attached) packed in ``dtype``
-        (``kernels.cpu_linear.store_as``: bf16 halves the bytes per draft step); False where the
-        products cannot (no native CPU kernels, or not an fp32 head)."""
+        (``kernels.cpu_linear.store_as``: bf16 halves the bytes per draft step, "Q8_0" cuts them 3.8x);
+        False where the products cannot (no native CPU kernels, or not an fp32 head)."""
         mats = [self.fc.weight, self.qkv.weight, self.o.weight, self.gate_up.weight, self.down.weight]
         mats += [self.lm_rows] if self.lm_rows is not None else []
         return all([store_as(w, dtype) for w in mats])
+
+    def layer_weights(self) -> list[torch.Tensor]:
+        """The decoder layer's tensors in ``kernels/csrc/layers.cpp``'s order, matrices packed as its
+        products read them (``kernels.cpu_linear.reordered``), an empty tensor for an absent bias."""
+        def bias(layer: nn.Linear) -> torch.Tensor:
+            return _NO_BIAS if layer.bias is None else layer.bias
+
+        return [self.input_norm, reordered(self.qkv.weight), bias(self.qkv), reordered(self.o.weight), bias(self.o),
+                self.post_norm, reordered(self.gate_up.weight), bias(self.gate_up), reordered(self.down.weight),
+                bias(self.down)]
 
     def init_from_target(self, target) -> None:
         """Warm start: the layer from the target's last decoder layer, the output norm from its final

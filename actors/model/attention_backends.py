@@ -64,7 +64,7 @@ def uses_native(model: nn.Module) -> bool:
     return attn is not None and attn.attend is native_paged_attention
 
 
-def _native_meta(batch: ForwardBatch) -> tuple:
+def native_meta(batch: ForwardBatch) -> tuple:
     """(query_start_loc, kv_lens, block_tables, window masks) of the batch for the native kernels, made
     once per forward in ``batch.cache``."""
     meta = batch.cache.get(NATIVE_KEY)
@@ -77,7 +77,7 @@ def _native_meta(batch: ForwardBatch) -> tuple:
 def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                            scale: float) -> torch.Tensor:
     """``paged_attention``'s contract on the C++ CPU kernel: q [N, h, d] -> [N, h, d]."""
-    qsl, kv_lens, tables, windows = _native_meta(batch)
+    qsl, kv_lens, tables, windows = native_meta(batch)
     return cpu_native.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, windows)
 
 
@@ -115,7 +115,7 @@ def native_decoder_layers(model: LlamaForCausalLM, x: torch.Tensor, rope, batch:
         params = model._native_params = _layer_params(layers)
     packed = cpu_linear.reordered  # the packed copy of a matrix, made again if the matrix changed in place
     weights = [packed(t) if is_matrix else t for is_matrix, t in params]
-    qsl, kv_lens, tables, windows = _native_meta(batch)
+    qsl, kv_lens, tables, windows = native_meta(batch)
     cos, sin = cos_sin_rows(rope)
     first = layers[0].self_attn
     return cpu_native.decoder_layers(x, weights, [kv[0] for kv in kv_caches[:len(layers)]],

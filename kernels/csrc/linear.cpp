@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 namespace specray {
 namespace {
@@ -192,14 +193,51 @@ void pack_tiles(const E* src, E* dst, int64_t N, int64_t K) {
   });
 }
 
+// quantized tiles [n_tiles][K / 32] -> the fp32 packed layout [n_tiles][K][16], each weight rounded as
+// qblock rounds it (the same values, so the same products)
+template <typename W>
+void dequantize_tiles(const W* w, int64_t n_tiles, int64_t K, float* out) {
+  const int64_t KB = K / kBlockK;
+  for (int64_t t = 0; t < n_tiles; ++t)
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const W& tile = w[t * KB + kb];
+      float* o = out + (t * K + kb * kBlockK) * kLanes;
+      const V16 d = vload_f16(tile.d);
+      if constexpr (std::is_same_v<W, Q4_1Tile>) {
+        const V16 mn = vload_f16(tile.m);
+        for (int p = 0; p < kBlockK / 2; ++p) {
+          V16 q0, q1;
+          vload_nibbles(tile.q[p], q0, q1);
+          vstore(o + 2 * p * kLanes, vfma(q0, d, mn));
+          vstore(o + (2 * p + 1) * kLanes, vfma(q1, d, mn));
+        }
+      } else {
+        for (int k = 0; k < kBlockK; ++k) vstore(o + k * kLanes, vmul(vload_i8(tile.q[k]), d));
+      }
+    }
+}
+
 template <typename W>
 void run_linear(const float* xp, int64_t sx, int64_t M, const W* wp, int64_t K, int64_t T, float* yp, int64_t N,
                 const float* bp) {
+  // Quantized tiles and more rows than two register blocks: each tile pair is rebuilt once into an
+  // fp32 scratch (in cache) that every row block then reads, instead of once per row block (c=64 decode
+  // and prefill chunks: the fp32 kernel's arithmetic with 1/6 of its memory traffic).
+  const bool rebuild = kQuantized<W> && M > 2 * row_block<W>();
   at::parallel_for(0, (T + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> scratch(rebuild ? 2 * K * kLanes : 0);
     for (int64_t p = p0; p < p1; ++p) {
-      const int64_t t = 2 * p;
+      const int64_t t = 2 * p, n_tiles = std::min<int64_t>(2, T - t);
       const W* wt = wp + t * tile_elems<W>(K);
-      if (t + 1 < T) rows<2, W>(M, xp, sx, wt, K, yp, N, t * kLanes, bp);
+      if constexpr (kQuantized<W>) {
+        if (rebuild) {
+          dequantize_tiles(wt, n_tiles, K, scratch.data());
+          if (n_tiles == 2) rows<2, float>(M, xp, sx, scratch.data(), K, yp, N, t * kLanes, bp);
+          else rows<1, float>(M, xp, sx, scratch.data(), K, yp, N, t * kLanes, bp);
+          continue;
+        }
+      }
+      if (n_tiles == 2) rows<2, W>(M, xp, sx, wt, K, yp, N, t * kLanes, bp);
       else rows<1, W>(M, xp, sx, wt, K, yp, N, t * kLanes, bp);
     }
   });

@@ -93,6 +93,11 @@ def test_benchmark_command_prints_the_table(capsys):
           "--vocab", "32", "--reps", "1", "--threads", "1", "--rows", "1,3"])
     out = capsys.readouterr().out
     assert "| rows | F.linear ms |" in out and "\n| 1 | " in out and "\n| 3 | " in out
+    if cpu_linear.native():
+        main(["--layers", "1", "--hidden", "32", "--intermediate", "64", "--q-size", "32", "--kv-size", "32",
+              "--vocab", "48", "--reps", "1", "--threads", "1", "--rows", "2", "--quantized"])
+        out = capsys.readouterr().out
+        assert "GGUF blocks (Q4_1, LM head Q8_0)" in out and "\n| 2 | " in out
 
 
 def test_row_counts_are_padded_to_few_buckets():

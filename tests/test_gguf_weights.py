@@ -73,6 +73,17 @@ def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_di
     assert (tmp_path / gguf_weights.CACHE_NAME).is_file()
 
 
+def test_each_tensor_parallel_rank_caches_its_own_rows():
+    from types import SimpleNamespace
+
+    from actors.model.layers import TPContext
+
+    assert gguf_weights.cache_name(SimpleNamespace(tp=TPContext.single())) == gguf_weights.CACHE_NAME
+    names = {gguf_weights.cache_name(SimpleNamespace(tp=TPContext(rank=r, size=2))) for r in (0, 1)}
+    assert len(names) == 2 and gguf_weights.CACHE_NAME not in names
+    assert all(n.endswith(".safetensors.cache") for n in names)
+
+
 def test_the_match_is_cached_checked_and_redone_when_it_does_not_fit(tiny_dir, tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     quantized_model(tiny_dir, gguf)

@@ -9,7 +9,8 @@ did) while streaming ~5.6x fewer bytes per decode step. A matrix without an exac
 file, a tensor-parallel shard split along its rows' length) keeps its fp32 product.
 
 The match reads the whole GGUF (~3 s for the default model); its result is cached next to the
-converted model (``gguf-tiles-v1.safetensors.cache`` in the content-keyed directory of loader.convert_gguf)
+converted model (``gguf-tiles-v1.safetensors.cache`` in the content-keyed directory of loader.convert_gguf;
+one file per tensor-parallel rank)
 and checked on every later load: a product of the tiles with identity rows must give the matrix's
 columns at 8 random positions exactly.
 
@@ -34,6 +35,14 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "float32")
 CACHE_NAME = "gguf-tiles-v1.safetensors.cache"  # not *.safetensors: that is the weights
+
+
+def cache_name(model: torch.nn.Module) -> str:
+    """The cache file of this model's matrices: a tensor-parallel shard holds other rows (its own file)."""
+    tp = getattr(model, "tp", None)
+    if tp is None or tp.size == 1:
+        return CACHE_NAME
+    return CACHE_NAME.replace("-v1", f"-v1-tp{tp.size}-rank{tp.rank}")
 _CHUNK_ROWS = 4096
 _CHECK_COLUMNS = 8
 
@@ -60,7 +69,7 @@ def bind(model: torch.nn.Module, gguf: Path, cache_dir: Path | None) -> dict[str
     mats = matrices(model)
     if not mats:
         return {}
-    cache = cache_dir / CACHE_NAME if cache_dir is not None else None
+    cache = cache_dir / cache_name(model) if cache_dir is not None else None
     tiles = _load_cache(cache, mats) if cache is not None and cache.is_file() else None
     if tiles is None:
         tiles = match_tiles(mats, read_blocks(gguf))

@@ -117,10 +117,11 @@ def match_tiles(mats: dict[str, torch.Tensor], pools: dict[tuple[str, int], QBlo
     out = {}
     with torch.no_grad():
         for name, w in mats.items():
+            fp = None  # once per matrix, for the first pool of its row length
             for (kind, k), (sorted_fp, order, pool) in indexed.items():
                 if k != w.shape[1]:
                     continue
-                fp = fingerprint(w)
+                fp = fingerprint(w) if fp is None else fp
                 at = torch.searchsorted(sorted_fp, fp).clamp(max=len(sorted_fp) - 1)
                 if not torch.equal(sorted_fp[at], fp):
                     continue

@@ -58,6 +58,15 @@ constexpr int64_t tile_elems(int64_t K) {
   else return K * kLanes;
 }
 
+// acc[m][t] = fma(w[t], x[m][k], acc[m][t]) for every row m: one k of every product's fixed order
+template <int MR, int TN>
+inline void fma_rows(V16 (&acc)[MR][TN], const V16 (&w)[TN], const float* x, int64_t sx, int64_t k) {
+  for (int m = 0; m < MR; ++m) {
+    const V16 xb = vset1(x[m * sx + k]);
+    for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w[t], xb, acc[m][t]);
+  }
+}
+
 // the sums of MR rows x TN tiles (columns n0..), + bias, into y [M, N]
 template <int MR, int TN>
 inline void store_block(const V16 (&acc)[MR][TN], float* y, int64_t N, int64_t n0, const float* bias) {
@@ -85,12 +94,30 @@ inline void block(const float* x, int64_t sx, const W* w, int64_t K, float* y, i
       __builtin_prefetch(w + (t * K + k + kPrefetchLines) * kLanes, 0, 3);
       wv[t] = vload_w(w + (t * K + k) * kLanes);
     }
-    for (int m = 0; m < MR; ++m) {
-      const V16 xb = vset1(x[m * sx + k]);
-      for (int t = 0; t < TN; ++t) acc[m][t] = vfma(wv[t], xb, acc[m][t]);
-    }
+    fma_rows<MR, TN>(acc, wv, x, sx, k);
   }
   store_block<MR, TN>(acc, y, N, n0, bias);
+}
+
+// A quantized tile's weights at k0 .. k0 + kStep - 1 rebuilt in fp32 (16 columns each), rounded as the
+// dequantization that made the fp32 model: Q4_1 d q + m (d q exact: one fma), Q8_0 d q (exact).
+inline void rebuild(const Q4_1Tile& tile, int k0, V16 d, V16 mn, V16 (&w)[2]) {
+  V16 q0, q1;
+  vload_nibbles(tile.q[k0 / 2], q0, q1);
+  w[0] = vfma(q0, d, mn);
+  w[1] = vfma(q1, d, mn);
+}
+inline void rebuild(const Q8_0Tile& tile, int k0, V16 d, V16 /*mn*/, V16 (&w)[1]) {
+  w[0] = vmul(vload_i8(tile.q[k0]), d);
+}
+template <typename W>
+constexpr int kStep = std::is_same_v<W, Q4_1Tile> ? 2 : 1;  // k a rebuild yields
+// a tile's scale and (Q4_1) minimum
+template <typename W>
+inline void scales(const W& tile, V16& d, V16& mn) {
+  d = vload_f16(tile.d);
+  if constexpr (std::is_same_v<W, Q4_1Tile>) mn = vload_f16(tile.m);
+  else mn = vzero();
 }
 
 // block's contract over quantized tiles: each k's 16 weights rebuilt in fp32, then the same fma order
@@ -109,33 +136,16 @@ inline void qblock(const float* x, int64_t sx, const W* w, int64_t K, float* y, 
       tile[t] = w + t * KB + kb;
       const char* ahead = reinterpret_cast<const char*>(tile[t] + kAhead);
       for (size_t line = 0; line < sizeof(W); line += 64) __builtin_prefetch(ahead + line, 0, 3);
-      d[t] = vload_f16(tile[t]->d);
-      if constexpr (std::is_same_v<W, Q4_1Tile>) mn[t] = vload_f16(tile[t]->m);
+      scales(*tile[t], d[t], mn[t]);
     }
     const float* xk = x + kb * kBlockK;
-    if constexpr (std::is_same_v<W, Q4_1Tile>) {
-      for (int p = 0; p < kBlockK / 2; ++p) {
-        V16 w0[TN], w1[TN];
-        for (int t = 0; t < TN; ++t) {
-          V16 q0, q1;
-          vload_nibbles(tile[t]->q[p], q0, q1);
-          w0[t] = vfma(q0, d[t], mn[t]);  // d q is exact: one rounding, as gguf's (d * q) + m
-          w1[t] = vfma(q1, d[t], mn[t]);
-        }
-        for (int m = 0; m < MR; ++m) {
-          const V16 x0 = vset1(xk[m * sx + 2 * p]), x1 = vset1(xk[m * sx + 2 * p + 1]);
-          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w0[t], x0, acc[m][t]);
-          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w1[t], x1, acc[m][t]);
-        }
-      }
-    } else {
-      for (int k = 0; k < kBlockK; ++k) {
-        V16 wk[TN];
-        for (int t = 0; t < TN; ++t) wk[t] = vmul(vload_i8(tile[t]->q[k]), d[t]);  // exact, as gguf's d * q
-        for (int m = 0; m < MR; ++m) {
-          const V16 xb = vset1(xk[m * sx + k]);
-          for (int t = 0; t < TN; ++t) acc[m][t] = vfma(wk[t], xb, acc[m][t]);
-        }
+    for (int k0 = 0; k0 < kBlockK; k0 += kStep<W>) {
+      V16 wk[TN][kStep<W>];
+      for (int t = 0; t < TN; ++t) rebuild(*tile[t], k0, d[t], mn[t], wk[t]);
+      for (int s = 0; s < kStep<W>; ++s) {  // per accumulator: k0, then k0 + 1, as the fp32 order
+        V16 ws[TN];
+        for (int t = 0; t < TN; ++t) ws[t] = wk[t][s];
+        fma_rows<MR, TN>(acc, ws, xk, sx, k0 + s);
       }
     }
   }
@@ -193,8 +203,8 @@ void pack_tiles(const E* src, E* dst, int64_t N, int64_t K) {
   });
 }
 
-// quantized tiles [n_tiles][K / 32] -> the fp32 packed layout [n_tiles][K][16], each weight rounded as
-// qblock rounds it (the same values, so the same products)
+// quantized tiles [n_tiles][K / 32] -> the fp32 packed layout [n_tiles][K][16], each weight rebuilt as
+// qblock rebuilds it (the same values, so the same products)
 template <typename W>
 void dequantize_tiles(const W* w, int64_t n_tiles, int64_t K, float* out) {
   const int64_t KB = K / kBlockK;
@@ -202,17 +212,12 @@ void dequantize_tiles(const W* w, int64_t n_tiles, int64_t K, float* out) {
     for (int64_t kb = 0; kb < KB; ++kb) {
       const W& tile = w[t * KB + kb];
       float* o = out + (t * K + kb * kBlockK) * kLanes;
-      const V16 d = vload_f16(tile.d);
-      if constexpr (std::is_same_v<W, Q4_1Tile>) {
-        const V16 mn = vload_f16(tile.m);
-        for (int p = 0; p < kBlockK / 2; ++p) {
-          V16 q0, q1;
-          vload_nibbles(tile.q[p], q0, q1);
-          vstore(o + 2 * p * kLanes, vfma(q0, d, mn));
-          vstore(o + (2 * p + 1) * kLanes, vfma(q1, d, mn));
-        }
-      } else {
-        for (int k = 0; k < kBlockK; ++k) vstore(o + k * kLanes, vmul(vload_i8(tile.q[k]), d));
+      V16 d, mn;
+      scales(tile, d, mn);
+      for (int k0 = 0; k0 < kBlockK; k0 += kStep<W>) {
+        V16 wk[kStep<W>];
+        rebuild(tile, k0, d, mn, wk);
+        for (int s = 0; s < kStep<W>; ++s) vstore(o + (k0 + s) * kLanes, wk[s]);
       }
     }
 }

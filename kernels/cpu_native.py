@@ -211,6 +211,14 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_
     return _rope_write_kv(qkv, cos, sin, slot_mapping, k_cache, v_cache, h, kvh)
 
 
+_NO_BIAS = torch.empty(0)  # decoder_layers' stand-in for an absent bias
+
+
+def bias_arg(bias: torch.Tensor | None) -> torch.Tensor:
+    """A product's bias as decoder_layers takes it (an empty tensor for None); no dispatcher op."""
+    return _NO_BIAS if bias is None else bias
+
+
 _CAUSAL = torch.empty(0, 0, dtype=torch.bool)  # a sequence without a window mask
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from actors.model.attention import write_kv
 from actors.model.layers import RotaryEmbedding, apply_rotary
+from kernels import cpu_native
 from kernels.cpu_linear import linear, reordered, store_as
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -59,9 +60,6 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2I] (gate | up) -> [..., I]
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-_NO_BIAS = torch.empty(0)
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -115,12 +113,10 @@ class EagleHead(nn.Module):
     def layer_weights(self) -> list[torch.Tensor]:
         """The decoder layer's tensors in ``kernels/csrc/layers.cpp``'s order, matrices packed as its
         products read them (``kernels.cpu_linear.reordered``), an empty tensor for an absent bias."""
-        def bias(layer: nn.Linear) -> torch.Tensor:
-            return _NO_BIAS if layer.bias is None else layer.bias
-
-        return [self.input_norm, reordered(self.qkv.weight), bias(self.qkv), reordered(self.o.weight), bias(self.o),
-                self.post_norm, reordered(self.gate_up.weight), bias(self.gate_up), reordered(self.down.weight),
-                bias(self.down)]
+        bias = cpu_native.bias_arg
+        return [self.input_norm, reordered(self.qkv.weight), bias(self.qkv.bias), reordered(self.o.weight),
+                bias(self.o.bias), self.post_norm, reordered(self.gate_up.weight), bias(self.gate_up.bias),
+                reordered(self.down.weight), bias(self.down.bias)]
 
     def init_from_target(self, target) -> None:
         """Warm start: the layer from the target's last decoder layer, the output norm from its final

@@ -9,9 +9,8 @@ did) while streaming ~5.6x fewer bytes per decode step. A matrix without an exac
 file, a tensor-parallel shard split along its rows' length) keeps its fp32 product.
 
 The match reads the whole GGUF (~3 s for the default model); its result is cached next to the
-converted model (``gguf-tiles-v1.safetensors.cache`` in the content-keyed directory of loader.convert_gguf;
-one file per tensor-parallel rank)
-and checked on every later load: a product of the tiles with identity rows must give the matrix's
+converted model (``gguf-tiles-v1.safetensors.cache`` in the content-keyed directory of
+loader.convert_gguf; one file per tensor-parallel rank) and checked on every later load: a product of the tiles with identity rows must give the matrix's
 columns at 8 random positions exactly.
 
 ``SPECRAY_CPU_WEIGHTS``: ``auto`` (default: the blocks where they reproduce the weights) or
@@ -35,6 +34,8 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "float32")
 CACHE_NAME = "gguf-tiles-v1.safetensors.cache"  # not *.safetensors: that is the weights
+_CHUNK_ROWS = 4096
+_CHECK_COLUMNS = 8
 
 
 def cache_name(model: torch.nn.Module) -> str:
@@ -43,8 +44,6 @@ def cache_name(model: torch.nn.Module) -> str:
     if tp is None or tp.size == 1:
         return CACHE_NAME
     return CACHE_NAME.replace("-v1", f"-v1-tp{tp.size}-rank{tp.rank}")
-_CHUNK_ROWS = 4096
-_CHECK_COLUMNS = 8
 
 
 def mode() -> str:

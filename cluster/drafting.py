@@ -36,6 +36,18 @@ from cluster.traffic import match
 log = logging.getLogger("specray.engine")
 
 
+def steady_draft_s(draft_s: float, catch_up_s: float, depth: int) -> float:
+    """What a draft of ``depth`` rounds that took ``draft_s`` seconds, ``catch_up_s`` of them feeding the
+    proposer the positions committed since it last drafted, costs a sequence that drafts every step:
+    the catch-up counted as at most one round. A longer catch-up (the prompt, or a backlog from steps
+    that did not draft) is paid once, not by every later draft. Charged in full it made the EAGLE
+    head look ~4x dearer per round than it is (a 32-step backlog at each exploration), so the policy
+    stopped drafting with it and measured it again only with such backlogs."""
+    catch_up = min(max(catch_up_s, 0.0), draft_s)
+    rounds = draft_s - catch_up
+    return rounds + min(catch_up, rounds / max(depth, 1))
+
+
 class DraftPlanner:
     def __init__(self, spec: SpeculativeConfig, proposer: Proposer | None, policy: SpecPolicy | None,
                  scheduler, max_model_len: int):
@@ -49,6 +61,7 @@ class DraftPlanner:
         self.guard = SpecGuard(spec.fallback_guard) if proposer is not None else None
         self.plain_step = False  # this step, no sequence drafts unless it fixed its own K (the guard)
         self.caps: dict[int, int | None] = {}  # seq_id -> depth cap this step (None: as configured)
+        self.catch_up_s = 0.0  # of this step's propose (Proposer.catch_up_s)
 
     @property
     def max_depth(self) -> int:
@@ -114,6 +127,7 @@ class DraftPlanner:
         """seq_id -> tree for the sequences that draft this step, and the seconds drafting took
         (None when nothing was drafted)."""
         t0 = perf_counter()
+        self.catch_up_s = 0.0
         reqs = self.requests(scheduled)
         if not reqs:
             return {}, None
@@ -122,6 +136,7 @@ class DraftPlanner:
         except Exception as e:
             self.failed(e)
             return {}, None
+        self.catch_up_s = self.proposer.catch_up_s
         return trees, (perf_counter() - t0 if trees else None)
 
     def requests(self, scheduled: list[ScheduledSeq]) -> list[DraftRequest]:
@@ -172,7 +187,8 @@ class DraftPlanner:
         if all(s.is_decode for s in part):
             self.policy.observe_verify(sum(len(c.token_ids) for c in chunks), verify_s, len(chunks))
         if num_trees and draft_s is not None:
-            self.policy.observe_draft(num_trees, max_depth, draft_s, drafted)
+            self.policy.observe_draft(num_trees, max_depth, steady_draft_s(draft_s, self.catch_up_s, max_depth),
+                                      drafted)
 
     def observe_features(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],
                          computed: dict[int, int], hidden: torch.Tensor) -> None:

@@ -72,6 +72,10 @@ class Proposer(ABC):
     name: str = "proposer"
     needs_hidden: bool = False  # True: the engine hands observe() the target's features every step
     supports_async: bool = False  # True: propose_async drafts while the driver verifies (other processes)
+    # seconds the last ``propose`` spent feeding the proposer the positions committed since it last
+    # drafted (a feature-reading head's catch-up); the adaptive policy must not charge a long backlog
+    # (a prompt, or steps that did not draft) to every later draft (cluster/drafting.py)
+    catch_up_s: float = 0.0
 
     @abstractmethod
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:

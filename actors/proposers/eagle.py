@@ -17,6 +17,8 @@ match the target's token more often than independent draws. Verification stays l
 """
 from __future__ import annotations
 
+from time import perf_counter
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -97,9 +99,12 @@ class EagleProposer(Proposer):
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         trees = [TokenTree.root(r.token_ids[-1]) for r in reqs]
         live = [i for i, r in enumerate(reqs) if self._ready(r)]
+        self.catch_up_s = 0.0
         if not live:
             return trees
+        t0 = perf_counter()
         feats, idx = self._catch_up([reqs[i] for i in live])  # [B, H] f̂ after the last committed entry
+        self.catch_up_s = perf_counter() - t0
         dyn = [j for j, i in enumerate(live) if self.grows_tree(reqs[i])]
         if dyn:
             for j, tree in zip(dyn, self._grow_trees([reqs[live[j]] for j in dyn], feats[dyn], [idx[j] for j in dyn])):

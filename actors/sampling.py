@@ -82,18 +82,34 @@ def uniform(generator: torch.Generator | None, device: torch.device | str) -> fl
 def exponential_draws(n: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
     """[n] float64 Exp(1) draws from ``generator`` (on its device, then moved to ``device``):
     -log(1 - U), U ~ U[0, 1). Four times faster on CPU than ``exponential_`` (0.19 vs 0.72 ms for
-    49k), which a sampled request pays once per token."""
+    49k): the races of seeded positions and of distinct draft draws."""
     where = generator.device if generator is not None else device
     u = torch.rand(n, dtype=torch.float64, generator=generator, device=where)
     return u.neg_().log1p_().neg_().to(device)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token from probs [V] (need not be normalised) with the exponential race:
-    argmax(p_i / E_i), E_i ~ Exp(1) i.i.d. (gpt-fast; no device sync until the final int)."""
+    """Draw one token from probs [V] (need not be normalised) by inverting its CDF: one uniform draw
+    u, the first token whose cumulative mass (float64) exceeds u times the total. A token without
+    mass never covers any u. No device sync until the final int; on CPU 0.07 ms for 49k tokens,
+    against 0.57 ms for the exponential race (V draws), which a sampled request paid once per token."""
     if probs.dim() != 1:
         raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
-    return _race_winner(probs, exponential_draws(probs.shape[0], generator, probs.device))
+    cdf = probs.double().cumsum(0)
+    where = generator.device if generator is not None else probs.device
+    u = torch.rand(1, dtype=torch.float64, generator=generator, device=where).to(cdf.device) * cdf[-1]
+    token = int(torch.searchsorted(cdf, u, right=True))
+    if token < probs.shape[0] and probs[token] > 0:
+        return token
+    return _last_with_mass(probs)  # u * total rounded up to the total, or no mass at all
+
+
+def _last_with_mass(probs: torch.Tensor) -> int:
+    """probs [V] -> the highest index with positive mass (where a draw rounded to the total lands)."""
+    support = (probs > 0).nonzero()
+    if support.numel() == 0:
+        raise ValueError("cannot sample from a distribution with no positive mass")
+    return int(support[-1])
 
 
 def sample_distinct(q: torch.Tensor, width: int, generator: torch.Generator | None = None

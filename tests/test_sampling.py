@@ -145,6 +145,17 @@ def test_sample_distribution_and_support():
         sample(torch.ones(2, 3), g)
 
 
+def test_sample_never_draws_a_token_without_mass_at_the_ends_of_the_range(monkeypatch):
+    """Inverse-CDF sampling: u = 0 and u rounded up to the total mass land on tokens with mass."""
+    p = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0, 0.0])
+    for u in (0.0, 1.0):
+        monkeypatch.setattr(sampling_module.torch, "rand", lambda *a, u=u, **k: torch.full((1,), u, dtype=torch.float64))
+        assert sample(p) == (1 if u == 0.0 else 3)
+    monkeypatch.undo()
+    g = torch.Generator().manual_seed(3)
+    assert {sample(p, g) for _ in range(300)} == {1, 3}
+
+
 def test_sample_distinct_draws_without_replacement():
     q = torch.tensor([0.5, 0.0, 0.3, 0.2])
     g = torch.Generator().manual_seed(2)

@@ -116,8 +116,7 @@ def _one_sequence(gains: np.ndarray, max_depth: int, nodes: list[int], base_toke
                   draft_round_s, bar: float, plain_rate: float) -> tuple[np.ndarray, float]:
     """choose_depths for B = 1: the shallowest depth whose goodput beats ``bar`` and every shallower
     depth's (nodes[d]: draft nodes at depth d)."""
-    best, best_rate, tokens = 0, bar, y0
-    round_s = draft_round_s(1) if max_depth > 0 else 0.0
+    best, best_rate, tokens, round_s = 0, bar, y0, draft_round_s(1) if max_depth > 0 else 0.0
     for d, gain in enumerate(gains[:max_depth].tolist(), start=1):
         tokens += gain
         rate = tokens / max(verify_s(base_tokens + nodes[d]) + d * round_s, 1e-9)

@@ -80,8 +80,9 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     plain_rate = y0 / max(verify_s(base_tokens), 1e-9)
     best_depths, best_rate = np.zeros(B, dtype=np.int64), plain_rate * (1 + min_gain)
     if B == 1:  # one sequence (low load, every step): each depth's goodput, exactly, without iterating
-        return _one_sequence(gains[0], int(max_depths[0]), nodes[0].tolist(), base_tokens, y0, verify_s,
-                             draft_round_s, best_rate, plain_rate)
+        m, n1, round_s = int(max_depths[0]), nodes[0].tolist(), draft_round_s(1) if max_depths[0] > 0 else 0.0
+        return _one_sequence(gains[0, :m].tolist(), lambda d: verify_s(base_tokens + n1[d]) + d * round_s, y0,
+                             best_rate, plain_rate)
     for cap in range(1, int(max_depths.max(initial=0)) + 1):
         mask = allowed & (cols <= cap)
         reach = np.concatenate([np.ones((B, 1), dtype=bool), mask], axis=1)  # depths 0..K allowed [B, K+1]
@@ -112,14 +113,13 @@ def choose_depths(gains: np.ndarray, max_depths: np.ndarray, base_tokens: int, v
     return best_depths, best_rate if best_depths.any() else plain_rate
 
 
-def _one_sequence(gains: np.ndarray, max_depth: int, nodes: list[int], base_tokens: int, y0: float, verify_s,
-                  draft_round_s, bar: float, plain_rate: float) -> tuple[np.ndarray, float]:
-    """choose_depths for B = 1: the shallowest depth whose goodput beats ``bar`` and every shallower
-    depth's (nodes[d]: draft nodes at depth d)."""
-    best, best_rate, tokens, round_s = 0, bar, y0, draft_round_s(1) if max_depth > 0 else 0.0
-    for d, gain in enumerate(gains[:max_depth].tolist(), start=1):
+def _one_sequence(gains: list[float], step_s, y0: float, bar: float, plain_rate: float) -> tuple[np.ndarray, float]:
+    """choose_depths for B = 1: the shallowest depth d whose goodput (y0 + gains[:d]) / step_s(d)
+    beats ``bar`` and every shallower depth's."""
+    best, best_rate, tokens = 0, bar, y0
+    for d, gain in enumerate(gains, start=1):
         tokens += gain
-        rate = tokens / max(verify_s(base_tokens + nodes[d]) + d * round_s, 1e-9)
+        rate = tokens / max(step_s(d), 1e-9)
         if rate > best_rate * (1 + 1e-6):
             best, best_rate = d, rate
     return np.array([best], dtype=np.int64), best_rate if best else plain_rate

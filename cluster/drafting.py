@@ -61,7 +61,6 @@ class DraftPlanner:
         self.guard = SpecGuard(spec.fallback_guard) if proposer is not None else None
         self.plain_step = False  # this step, no sequence drafts unless it fixed its own K (the guard)
         self.caps: dict[int, int | None] = {}  # seq_id -> depth cap this step (None: as configured)
-        self.catch_up_s = 0.0  # of this step's propose (Proposer.catch_up_s)
 
     @property
     def max_depth(self) -> int:
@@ -127,7 +126,6 @@ class DraftPlanner:
         """seq_id -> tree for the sequences that draft this step, and the seconds drafting took
         (None when nothing was drafted)."""
         t0 = perf_counter()
-        self.catch_up_s = 0.0
         reqs = self.requests(scheduled)
         if not reqs:
             return {}, None
@@ -136,7 +134,6 @@ class DraftPlanner:
         except Exception as e:
             self.failed(e)
             return {}, None
-        self.catch_up_s = self.proposer.catch_up_s
         return trees, (perf_counter() - t0 if trees else None)
 
     def requests(self, scheduled: list[ScheduledSeq]) -> list[DraftRequest]:
@@ -187,7 +184,7 @@ class DraftPlanner:
         if all(s.is_decode for s in part):
             self.policy.observe_verify(sum(len(c.token_ids) for c in chunks), verify_s, len(chunks))
         if num_trees and draft_s is not None:
-            self.policy.observe_draft(num_trees, max_depth, steady_draft_s(draft_s, self.catch_up_s, max_depth),
+            self.policy.observe_draft(num_trees, max_depth, steady_draft_s(draft_s, self.proposer.catch_up_s, max_depth),
                                       drafted)
 
     def observe_features(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],

@@ -75,16 +75,19 @@ def _top_p_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> tuple[to
 
 def uniform(generator: torch.Generator | None, device: torch.device | str) -> float:
     """One U[0, 1) draw (float64) from ``generator``, whichever device the caller's tensors are on."""
-    where = generator.device if generator is not None else device
-    return float(torch.rand((), dtype=torch.float64, generator=generator, device=where))
+    return float(torch.rand((), dtype=torch.float64, generator=generator, device=_rng_device(generator, device)))
+
+
+def _rng_device(generator: torch.Generator | None, device: torch.device | str) -> torch.device | str:
+    """Where draws from ``generator`` are made: its own device (the global generator: ``device``)."""
+    return generator.device if generator is not None else device
 
 
 def exponential_draws(n: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
     """[n] float64 Exp(1) draws from ``generator`` (on its device, then moved to ``device``):
     -log(1 - U), U ~ U[0, 1). Four times faster on CPU than ``exponential_`` (0.19 vs 0.72 ms for
     49k): the races of seeded positions and of distinct draft draws."""
-    where = generator.device if generator is not None else device
-    u = torch.rand(n, dtype=torch.float64, generator=generator, device=where)
+    u = torch.rand(n, dtype=torch.float64, generator=generator, device=_rng_device(generator, device))
     return u.neg_().log1p_().neg_().to(device)
 
 
@@ -96,8 +99,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     if probs.dim() != 1:
         raise ValueError(f"sample() takes one [V] distribution, got shape {tuple(probs.shape)}")
     cdf = probs.double().cumsum(0)
-    where = generator.device if generator is not None else probs.device
-    u = torch.rand(1, dtype=torch.float64, generator=generator, device=where).to(cdf.device) * cdf[-1]
+    u = torch.rand(1, dtype=torch.float64, generator=generator, device=_rng_device(generator, probs.device))
+    u = u.to(cdf.device) * cdf[-1]
     token = int(torch.searchsorted(cdf, u, right=True))
     if token < probs.shape[0] and probs[token] > 0:
         return token

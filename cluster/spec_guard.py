@@ -4,7 +4,7 @@ does not pay (the operator's playbook, phase 6, inside the engine).
 Measuring. Every verification step is summarised as a ``StepYield``. A *speculative decode step*
 is a step without prefill chunks in which at least one sequence verified draft tokens; a *plain
 decode step* one without prefill chunks nor drafts. ``SpecGuard`` keeps the seconds of plain
-decode steps by their number of sequences B (an EWMA per size, ``actors.spec_policy.CostTable``),
+decode steps by their number of sequences B (an EWMA per size, ``actors.cost_table.CostTable``),
 and for each speculative decode step of B sequences that produced T tokens in S seconds
 (drafting + forward + verification) estimates what plain decoding would have needed for the same
 tokens:
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.spec_policy import CostTable
+from actors.cost_table import CostTable
 
 log = logging.getLogger("specray.engine")
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.spec_policy import (AcceptanceEstimator, CostTable, DecodeSlot, SpecPolicy, choose_depths, monotone_fit,
-                                expected_tokens)
+from actors.cost_table import CostTable, monotone_fit
+from actors.spec_policy import AcceptanceEstimator, DecodeSlot, SpecPolicy, choose_depths, expected_tokens
 
 
 def test_expected_tokens():

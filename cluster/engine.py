@@ -18,7 +18,7 @@ from actors.logits_processing import process_logits
 from actors.logprobs import record_logprobs
 from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
-from actors.sampling import logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
+from actors.sampling import greedy, logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
@@ -318,7 +318,9 @@ class LLMEngine:
         """raw: [M, V] target logits of _plan_forward's rows. Verify (against the processed logits),
         move accepted K/V, append tokens, settle KV. Logprobs report the raw distribution."""
         logits = self._processed(scheduled, trees, spans, raw)
-        argmax = logits.argmax(dim=-1).tolist()  # the step's one read-back: waits for the device
+        # the step's one read-back (waits for the device); only greedy requests read it: a step of
+        # sampled ones alone skips the argmax over the vocabulary (its first sample waits instead)
+        argmax = greedy(logits).tolist() if any(s.seq.params.greedy for s in scheduled) else None
         self.clock.lap("wait")
         src, dst = [], []
         for s, (r0, nrows) in zip(scheduled, spans):
@@ -333,7 +335,7 @@ class LLMEngine:
                         record_logprobs(seq, raw, [r0], [tok])
                 continue
             tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
-            res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax[r0:r0 + nrows])
+            res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax and argmax[r0:r0 + nrows])
             nc = seq.num_computed
             for depth, node in enumerate(res.accepted_nodes, start=1):
                 if node != depth:
@@ -352,8 +354,8 @@ class LLMEngine:
                 self.drafting.release(s.seq)
         self.scheduler.settle([s.seq for s in scheduled])
 
-    def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int]):
-        """rows: [tree.size, V] target logits of the tree nodes."""
+    def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int] | None):
+        """rows: [tree.size, V] target logits of the tree nodes; argmax: theirs (greedy requests)."""
         if seq.params.greedy:
             return verify_greedy(tree, argmax)
         p = seq.params

@@ -156,7 +156,7 @@ def _bind() -> None:
 
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
-        "decoder_layers", "has_avx512")
+        "decoder_layers", "has_avx512", "argmax_rows")
 
 
 def _first_call(name: str):
@@ -202,6 +202,13 @@ def rmsnorm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [N, 2I] (gate | up) -> silu(gate) * up [N, I]."""
     return _silu_and_mul(x)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [N, V] fp32 (rows contiguous) -> int64 [N]: ``x.argmax(-1)``'s answer (the first maximum, the
+    first NaN where a row has one) in two vector passes per row (torch's CPU argmax: ~35 us a row of
+    49,152 logits on the 2-core Xeon VM)."""
+    return _argmax_rows(x)
 
 
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,

@@ -1,5 +1,5 @@
 // Row-wise small ops of the decoder layer, each one pass over its rows: RMSNorm (with the residual
-// add), SiLU-and-multiply, and RoPE fused with the KV-cache write. Rows are independent: threads
+// add), SiLU-and-multiply, and RoPE fused with the KV-cache write; and the argmax of logits' rows. Rows are independent: threads
 // split rows, and a row's reductions run in one fixed order (vec16.h).
 #include "kernels.h"
 
@@ -7,6 +7,7 @@
 #include <ATen/ops/empty.h>
 
 #include <cmath>
+#include <limits>
 
 namespace specray {
 namespace {
@@ -85,6 +86,62 @@ at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at:
       for (; j < H; ++j) s[j] = s[j] + res[j];
       norm_row(s, wp, op + r * H, H, static_cast<float>(eps));
     }
+  });
+  return out;
+}
+
+namespace {
+
+// torch.argmax's answer for one row, element by element: the first NaN, else the first maximum
+int64_t argmax_scalar(const float* x, int64_t V) {
+  int64_t best = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    if (std::isnan(x[j])) return j;
+    if (x[j] > x[best]) best = j;
+  }
+  return best;
+}
+
+// the same answer in two vector passes (the maximum, then where it first is); rows holding a NaN or
+// an infinity (v - v is not 0) take the scalar pass
+int64_t argmax_row(const float* x, int64_t V) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  V16 mx = vset1(lowest), bad = vzero();
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
+    const V16 v = vload(x + j);
+    mx = vmax(mx, v);
+    bad = vadd(bad, vsub(v, v));
+  }
+  const int tail = static_cast<int>(V - j);
+  if (tail) {
+    const V16 v = vload_n(x + j, tail);
+    mx = vmax(mx, vload_or(x + j, tail, lowest));
+    bad = vadd(bad, vsub(v, v));
+  }
+  if (!(vsum(bad) == 0.f)) return argmax_scalar(x, V);
+  const float m = vmaxr(mx);
+  for (j = 0; j + kLanes <= V; j += kLanes) {
+    const int at = vfirst_eq(vload(x + j), m);
+    if (at >= 0) return j + at;
+  }
+  for (; j < V; ++j)
+    if (x[j] == m) return j;
+  return argmax_scalar(x, V);  // not reached
+}
+
+}  // namespace
+
+at::Tensor argmax_rows(const at::Tensor& x) {
+  check_rows(x, "argmax_rows: x");
+  const int64_t N = x.size(0), V = x.size(1);
+  TORCH_CHECK(V > 0, "argmax_rows: rows of 0 values have no argmax");
+  at::Tensor out = at::empty({N}, x.options().dtype(at::kLong));
+  const float* xp = x.const_data_ptr<float>();
+  int64_t* op = out.mutable_data_ptr<int64_t>();
+  const int64_t sx = x.stride(0);
+  at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) op[r] = argmax_row(xp + r * sx, V);
   });
   return out;
 }

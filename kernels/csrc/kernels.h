@@ -45,6 +45,8 @@ at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps, co
 at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                             const at::Tensor& out = at::Tensor());
 at::Tensor silu_and_mul(const at::Tensor& x, const at::Tensor& out = at::Tensor());
+// x [N, V] -> int64 [N]: torch.argmax(x, -1) (the first maximum; the first NaN where there is one)
+at::Tensor argmax_rows(const at::Tensor& x);
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
                          const at::Tensor& out = at::Tensor());

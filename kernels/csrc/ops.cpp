@@ -30,6 +30,7 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
   m.def("rmsnorm_residual(Tensor(a!) x, Tensor residual, Tensor weight, float eps) -> Tensor",
         [](Tensor& x, const Tensor& r, const Tensor& w, double eps) { return specray::rmsnorm_residual(x, r, w, eps); });
   m.def("silu_and_mul(Tensor x) -> Tensor", [](const Tensor& x) { return specray::silu_and_mul(x); });
+  m.def("argmax_rows(Tensor x) -> Tensor", &specray::argmax_rows);
   m.def("rope_write_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "int h, int kvh) -> Tensor",
         [](const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& slots, Tensor& k, Tensor& v,

@@ -55,6 +55,11 @@ inline float vsum(V16 a) {
   return _mm_cvtss_f32(q);
 }
 inline float vmaxr(V16 a) { return _mm512_reduce_max_ps(a.v); }
+// the first lane equal to m, or -1
+inline int vfirst_eq(V16 a, float m) {
+  const __mmask16 eq = _mm512_cmp_ps_mask(a.v, _mm512_set1_ps(m), _CMP_EQ_OQ);
+  return eq ? __builtin_ctz(static_cast<unsigned>(eq)) : -1;
+}
 // rows r[0..15] (16 lanes each) -> r[i] holds lane i of every input row: r[i][k] = old r[k][i]
 inline void transpose16(V16 r[16]) {
   __m512 t[16];
@@ -135,6 +140,7 @@ inline float vsum(V16 a) {
   return lo + hi;
 }
 inline float vmaxr(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+inline int vfirst_eq(V16 a, float m) { for (int i = 0; i < kLanes; ++i) if (a.v[i] == m) return i; return -1; }
 inline void transpose16(V16 r[16]) {
   V16 t[16];
   for (int i = 0; i < kLanes; ++i)

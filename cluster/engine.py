@@ -14,11 +14,10 @@ from time import perf_counter as _now
 import torch
 
 from actors.kv_service import KVService, KVServiceLost
-from actors.logits_processing import process_logits
 from actors.logprobs import record_logprobs
 from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
-from actors.sampling import greedy, logits_to_probs, sample_next, verify_greedy, verify_keyed, verify_sampling
+from actors.sampling import sample_next
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence, SeqStatus
@@ -35,6 +34,7 @@ from cluster.runtime import (kv_blocks_for, kv_tiers_for, load_target, local_ver
                              swap_policy_for)
 from cluster.shared_kv import attach_shared_kv
 from cluster.step_clock import StepClock
+from cluster.verification import processed_logits, step_argmax, tree_of, verify_tree
 
 log = logging.getLogger("specray.engine")
 
@@ -284,7 +284,7 @@ class LLMEngine:
             seq, nc = s.seq, s.seq.num_computed
             table = self.scheduler.block_tables[seq.seq_id]
             if s.is_decode:
-                tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+                tree = tree_of(seq, trees)
                 ids, pos = tree.tokens, tree.positions(nc)
                 mask = tree.ancestor_mask() if tree.size > 1 else None
                 need = list(range(n, n + tree.size))
@@ -299,28 +299,11 @@ class LLMEngine:
             n += len(ids)
         return chunks, rows, spans
 
-    def _processed(self, scheduled, trees, spans, logits: torch.Tensor) -> torch.Tensor:
-        """logits [M, V] with each sequence's logits processing (penalties, bias, min_tokens) applied
-        to its rows, each tree node given its own path (actors.logits_processing); the same tensor
-        when no sequence asks for any."""
-        todo = [(s, span) for s, span in zip(scheduled, spans) if span[1] and s.seq.params.processes_logits]
-        if not todo:
-            return logits
-        out = logits.to(torch.float32).clone()
-        for s, (r0, nrows) in todo:
-            seq = s.seq
-            tree = (trees.get(seq.seq_id) if s.is_decode else None) or TokenTree.root(seq.token_ids[-1])
-            out[r0:r0 + nrows] = process_logits(logits[r0:r0 + nrows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
-                                                seq.output_ids, tree.parents, tree.tokens, self.eos_ids)
-        return out
-
     def _verify_and_commit(self, scheduled, trees, spans, raw: torch.Tensor) -> None:
         """raw: [M, V] target logits of _plan_forward's rows. Verify (against the processed logits),
         move accepted K/V, append tokens, settle KV. Logprobs report the raw distribution."""
-        logits = self._processed(scheduled, trees, spans, raw)
-        # the step's one read-back (waits for the device); only greedy requests read it: a step of
-        # sampled ones alone skips the argmax over the vocabulary (its first sample waits instead)
-        argmax = greedy(logits).tolist() if any(s.seq.params.greedy for s in scheduled) else None
+        logits = processed_logits(scheduled, trees, spans, raw, self.eos_ids)
+        argmax = step_argmax(scheduled, logits)
         self.clock.lap("wait")
         src, dst = [], []
         for s, (r0, nrows) in zip(scheduled, spans):
@@ -334,8 +317,8 @@ class LLMEngine:
                     if seq.logprobs is not None:
                         record_logprobs(seq, raw, [r0], [tok])
                 continue
-            tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
-            res = self._verify(seq, tree, logits[r0:r0 + nrows], argmax and argmax[r0:r0 + nrows])
+            tree = tree_of(seq, trees)
+            res = verify_tree(seq, tree, logits[r0:r0 + nrows], argmax and argmax[r0:r0 + nrows])
             nc = seq.num_computed
             for depth, node in enumerate(res.accepted_nodes, start=1):
                 if node != depth:
@@ -353,16 +336,6 @@ class LLMEngine:
             if s.seq.is_finished:
                 self.drafting.release(s.seq)
         self.scheduler.settle([s.seq for s in scheduled])
-
-    def _verify(self, seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list[int] | None):
-        """rows: [tree.size, V] target logits of the tree nodes; argmax: theirs (greedy requests)."""
-        if seq.params.greedy:
-            return verify_greedy(tree, argmax)
-        p = seq.params
-        probs = logits_to_probs(rows, p.temperature, p.top_k, p.top_p)
-        if p.seed is not None:  # drafter-invariant: the seed alone fixes the output
-            return verify_keyed(tree, probs, p.seed, root_position=seq.num_computed)
-        return verify_sampling(tree, probs, seq.generator)
 
     # ---- tokens, stops, bookkeeping -----------------------------------------------------
     def _append(self, seq: Sequence, tokens: list[int]) -> None:

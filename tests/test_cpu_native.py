@@ -219,6 +219,29 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
     assert torch.equal(alone, together[7:10])
 
 
+def test_a_token_tree_gets_the_same_bits_in_narrow_and_wide_items():
+    """A lone sequence's 11-node tree (33 query rows per KV head) is split into narrow items so that
+    both threads work; among other sequences it is one wide item. Its rows get the same bits."""
+    from tests.model.test_tree_attention import PARENTS
+
+    h, kvh, d, bs = 9, 3, 16, 16
+    k_cache, v_cache = _caches(24, bs, kvh, d, seed=21)
+    mask = ancestor_mask(PARENTS)
+    n = len(PARENTS)
+    q = torch.randn(n + 3, h, d, generator=_gen(22))
+    qsl, lens, tables = _batch([n, 1, 1, 1], [70, 40, 33, 20], bs, 24, seed=23)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.25, [mask, None, None, None])
+        alone = cn.paged_attention(q[:n], k_cache, v_cache, torch.tensor([0, n]), lens[:1], tables[:1], 0.25, [mask])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(alone, together[:n])
+    torch.testing.assert_close(alone, paged_attention_ref(q[:n], k_cache, v_cache, torch.tensor([0, n]), lens[:1],
+                                                          tables[:1], 0.25, [mask]), rtol=2e-5, atol=2e-5)
+
+
 # ---------------------------------------------------------------- errors
 
 def test_bad_inputs_are_clear_errors_naming_the_value():

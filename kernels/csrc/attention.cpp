@@ -85,7 +85,9 @@ struct Scratch {
 
 inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)); }
 
-// scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time
+// scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time (Whole: the head dim is a
+// multiple of 16, no masked loads)
+template <bool Whole>
 void score_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, float scale,
                 const float* zeros, float* scores) {
   const int64_t d = cache.d;
@@ -97,9 +99,9 @@ void score_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots
     V16 acc[kMaxRows];
     for (int r = 0; r < R; ++r) acc[r] = vzero();
     for (int c = 0; c < chunks; ++c) {
-      const int m = lanes_in(d, c);
+      const int m = Whole ? kLanes : lanes_in(d, c);
       V16 t[kLanes];  // t[j]: dimension c*16 + j of the 16 keys
-      for (int i = 0; i < kLanes; ++i) t[i] = vload_n(kp[i] + c * kLanes, m);
+      for (int i = 0; i < kLanes; ++i) t[i] = Whole ? vload(kp[i] + c * kLanes) : vload_n(kp[i] + c * kLanes, m);
       transpose16(t);
       if (m == kLanes) {  // unrolled with constant indices: t stays in registers
         for (int r = 0; r < R; ++r) {
@@ -154,9 +156,15 @@ float softmax_row(const Row& row, float* s, int64_t keys, int64_t& count) {
   return n > 0 ? vsum(total) : 1.f;
 }
 
+// chunk c of a key's value: whole when the head dim is a multiple of 16 (no mask in the key loop)
+template <int NC, bool Whole>
+inline void load_value(const float* v, int64_t d, V16 (&vv)[NC]) {
+  for (int c = 0; c < NC; ++c) vv[c] = Whole ? vload(v + c * kLanes) : vload_n(v + c * kLanes, lanes_in(d, c));
+}
+
 // out_r = sum over row r's visible keys, in order, of e * v, / sum_r, for G rows at once (their
 // G x NC accumulators in registers), each key's value loaded once for the G rows
-template <int NC, int G>
+template <int NC, int G, bool Whole>
 void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
                  const float* sums) {
   const int64_t d = cache.d;
@@ -169,9 +177,8 @@ void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int6
   }
   shared = std::min(shared, last);  // keys [0, shared) are visible to every row: no checks
   for (int64_t p = 0; p < shared; ++p) {
-    const float* v = cache.v + slots[p] * cache.slot_stride;
     V16 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
+    load_value<NC, Whole>(cache.v + slots[p] * cache.slot_stride, d, vv);
     for (int g = 0; g < G; ++g) {
       const V16 e = vset1(exps[g * keys + p]);
       for (int c = 0; c < NC; ++c) acc[g][c] = vfma(e, vv[c], acc[g][c]);
@@ -179,9 +186,8 @@ void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int6
   }
   for (int g = 0; g < G; ++g) idx[g] = shared;
   for (int64_t p = shared; p < last; ++p) {
-    const float* v = cache.v + slots[p] * cache.slot_stride;
     V16 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
+    load_value<NC, Whole>(cache.v + slots[p] * cache.slot_stride, d, vv);
     for (int g = 0; g < G; ++g) {
       if (!rows[g].sees(p)) continue;
       const V16 e = vset1(exps[g * keys + idx[g]++]);
@@ -195,7 +201,7 @@ void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int6
 }
 
 // rows in groups of at most kPVVectors / NC (accumulators that fit the registers)
-template <int NC>
+template <int NC, bool Whole>
 void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
                 const float* sums) {
   constexpr int kGroup = kPVVectors / NC < 8 ? kPVVectors / NC : 8;
@@ -206,7 +212,7 @@ void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots
     const float* sm = sums + r0;
     switch (G) {
 #define SPECRAY_GROUP(N) \
-  case N: if constexpr (N <= kGroup) weigh_group<NC, N>(rg, cache, slots, keys, e, sm); break;
+  case N: if constexpr (N <= kGroup) weigh_group<NC, N, Whole>(rg, cache, slots, keys, e, sm); break;
       SPECRAY_GROUP(1) SPECRAY_GROUP(2) SPECRAY_GROUP(3) SPECRAY_GROUP(4)
       SPECRAY_GROUP(5) SPECRAY_GROUP(6) SPECRAY_GROUP(7) SPECRAY_GROUP(8)
 #undef SPECRAY_GROUP
@@ -215,18 +221,25 @@ void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots
   }
 }
 
+template <int NC>
+void weigh_rows_of(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+                   const float* sums) {
+  if (cache.d % kLanes == 0) weigh_rows<NC, true>(rows, R, cache, slots, keys, exps, sums);
+  else weigh_rows<NC, false>(rows, R, cache, slots, keys, exps, sums);
+}
+
 void weigh_values(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys,
                   const float* exps, const float* sums) {
   switch ((cache.d + kLanes - 1) / kLanes) {
-    case 1: weigh_rows<1>(rows, R, cache, slots, keys, exps, sums); break;
-    case 2: weigh_rows<2>(rows, R, cache, slots, keys, exps, sums); break;
-    case 3: weigh_rows<3>(rows, R, cache, slots, keys, exps, sums); break;
-    case 4: weigh_rows<4>(rows, R, cache, slots, keys, exps, sums); break;
-    case 5: weigh_rows<5>(rows, R, cache, slots, keys, exps, sums); break;
-    case 6: weigh_rows<6>(rows, R, cache, slots, keys, exps, sums); break;
-    case 7: weigh_rows<7>(rows, R, cache, slots, keys, exps, sums); break;
-    case 8: weigh_rows<8>(rows, R, cache, slots, keys, exps, sums); break;
-    default: weigh_rows<16>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
+    case 1: weigh_rows_of<1>(rows, R, cache, slots, keys, exps, sums); break;
+    case 2: weigh_rows_of<2>(rows, R, cache, slots, keys, exps, sums); break;
+    case 3: weigh_rows_of<3>(rows, R, cache, slots, keys, exps, sums); break;
+    case 4: weigh_rows_of<4>(rows, R, cache, slots, keys, exps, sums); break;
+    case 5: weigh_rows_of<5>(rows, R, cache, slots, keys, exps, sums); break;
+    case 6: weigh_rows_of<6>(rows, R, cache, slots, keys, exps, sums); break;
+    case 7: weigh_rows_of<7>(rows, R, cache, slots, keys, exps, sums); break;
+    case 8: weigh_rows_of<8>(rows, R, cache, slots, keys, exps, sums); break;
+    default: weigh_rows_of<16>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
   }
 }
 
@@ -255,7 +268,8 @@ void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, i
     for (int64_t o = 0; o < n; ++o) sc.slots[p0 + o] = base + o;
   }
   sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
-  score_rows(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
+  if (cache.d % kLanes == 0) score_rows<true>(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
+  else score_rows<false>(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
   float sums[kMaxRows];
   for (int r = 0; r < R; ++r) {
     int64_t count = 0;

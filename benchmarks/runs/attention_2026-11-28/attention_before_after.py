@@ -1,12 +1,19 @@
+"""paged_attention of b15ff4f against this tree's, alternated in one process: run from the repository
+root, `PYTHONPATH=. python benchmarks/runs/attention_2026-11-28/attention_before_after.py`."""
 import torch, time, statistics
 from kernels import cpu_native as cn
 torch.set_num_threads(2)
-import shutil
-shutil.copy("/tmp/attention_old.cpp", "kernels/csrc/attention.cpp")
+# the previous kernel (b15ff4f) built under another op namespace, then the tree's own
+import subprocess
+from pathlib import Path
+src = Path("kernels/csrc/attention.cpp")
+new_src = src.read_text()
+src.write_text(subprocess.run(["git", "show", "b15ff4f:kernels/csrc/attention.cpp"], capture_output=True, text=True,
+                              check=True).stdout)
 try:
     cn.build(namespace="specray_cpu_old2")
 finally:
-    shutil.copy("/tmp/attention_new.cpp", "kernels/csrc/attention.cpp")
+    src.write_text(new_src)
 cn.load()
 variants = {"before": torch.ops.specray_cpu_old2.paged_attention, "after": torch.ops.specray_cpu.paged_attention}
 g = torch.Generator().manual_seed(0)

@@ -133,13 +133,13 @@ class StepRunner:
     """A Verifier over ``model`` with ``batch`` sequences of ``context`` tokens already cached."""
 
     def __init__(self, model: torch.nn.Module, batch: int, context: int, device: torch.device,
-                 block_size: int = 16):
+                 block_size: int = 16, kv_dtype: torch.dtype | None = None):
         from actors.verifier import SeqChunk, Verifier
 
         self.seq_chunk, self.batch, self.context, self.block_size = SeqChunk, batch, context, block_size
         per_seq = -(-(context + len(TREE_PARENTS) + 1) // block_size)
         self.tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(batch)]
-        self.verifier = Verifier(model, batch * per_seq, block_size, device, model.dtype)
+        self.verifier = Verifier(model, batch * per_seq, block_size, device, kv_dtype or model.dtype)
         vocab = model.config.vocab_size
         prompts = [[(7 * b + 3 * i + 1) % vocab for i in range(context)] for b in range(batch)]
         self.verifier.forward_logits([self._chunk(b, p, list(range(context)), None)
@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time each step: median of N")
     ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
                     help="the model's attention and fused ops, as the engine sets them (auto: as it runs)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="the KV cache's dtype (auto: the model's; bfloat16 needs the native backend on CPU)")
     ap.add_argument("--layer-by-layer", action="store_true",
                     help="native backend: run the layers one by one (their ops per layer) instead of as one op")
     args = ap.parse_args(argv)
@@ -236,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model} on {args.device} ({model.dtype}, {len(model.layers)} layers, "
           f"{torch.get_num_threads()} threads, {backend} attention), context {args.context}")
     for b in batches:
-        runner = StepRunner(model, b, args.context, device)
+        runner = StepRunner(model, b, args.context, device,
+                            kv_dtype=None if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype))
         for kind, label in STEPS:
             run = runner.step(kind)
             run()  # warm-up: reordered weights, RoPE table growth

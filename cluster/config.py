@@ -277,6 +277,9 @@ class EngineConfig(BaseModel):
     # C++ CPU kernels (native), or the pure-torch reference; auto = triton on CUDA, native on CPU for
     # fp32 models where the kernels build, else torch (actors/model/attention_backends.py)
     attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
+    # the KV cache's dtype: auto = the model's; bfloat16 under an fp32 model on CPU (native kernels)
+    # halves what decode attention reads and doubles the blocks per GB, but changes the logits
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # True: no CUDA graphs (decode and verify steps launch every kernel; debugging, comparisons)
     enforce_eager: bool = False
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)

@@ -30,8 +30,8 @@ from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
 from cluster.proposers import build_proposer
-from cluster.runtime import (kv_blocks_for, kv_tiers_for, load_target, local_verifier, resolve_device_dtype,
-                             swap_policy_for)
+from cluster.runtime import (kv_blocks_for, kv_cache_dtype_for, kv_tiers_for, load_target, local_verifier,
+                             resolve_device_dtype, swap_policy_for)
 from cluster.shared_kv import attach_shared_kv
 from cluster.step_clock import StepClock
 from cluster.verification import processed_logits, step_argmax, tree_of, verify_tree
@@ -64,9 +64,10 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
-        num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, self.dtype, spec.max_nodes)
-        num_host, disk = kv_tiers_for(config, loaded.config, self.dtype, verifier is not None, kv is not None)
-        self.verifier = verifier or local_verifier(config, loaded.model, self.device, self.dtype, num_blocks,
+        kv_dtype = kv_cache_dtype_for(config, self.dtype, loaded.model, verifier is not None)
+        num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, kv_dtype, spec.max_nodes)
+        num_host, disk = kv_tiers_for(config, loaded.config, kv_dtype, verifier is not None, kv is not None)
+        self.verifier = verifier or local_verifier(config, loaded.model, self.device, kv_dtype, num_blocks,
                                                    self.max_model_len, num_host, disk)
         if num_host and getattr(self.verifier, "host_pool", None) is None:
             raise ValueError(f"kv_offload (a host tier of {num_host} blocks) needs the in-process verifier; "

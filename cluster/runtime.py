@@ -23,6 +23,25 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return dev, _DTYPES[dtype]
 
 
+def kv_cache_dtype_for(config, dtype: torch.dtype, model, remote_verifier: bool) -> torch.dtype:
+    """The KV cache's dtype: the model's (``kv_cache_dtype`` auto), or the one asked for. bfloat16
+    under an fp32 model halves the bytes a decode step reads from the cache and doubles the blocks
+    per GB, but rounds every key and value to 8 bits of mantissa (the logits change: opt-in). Only
+    the native CPU kernels read such a cache."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    kv = _DTYPES[config.kv_cache_dtype]
+    if kv is dtype:
+        return kv
+    from actors.model.attention_backends import uses_native
+
+    if remote_verifier or not uses_native(model):
+        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} under a {str(dtype).removeprefix('torch.')} "
+                         "model needs the in-process native CPU attention (--attention-backend native, one "
+                         "tensor-parallel rank); use kv_cache_dtype='auto'")
+    return kv
+
+
 def kv_block_bytes(model_config, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.tensor([], dtype=dtype).element_size()
     return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * elem

@@ -303,6 +303,9 @@ q = torch.randn(5, 4, 24, generator=g)
 qsl, lens, tables = torch.tensor([0, 1, 5]), torch.tensor([30, 20]), torch.tensor([[2, 4], [5, 1]])
 torch.testing.assert_close(ops.paged_attention(q, k, v, qsl, lens, tables, 0.2, []),
                            paged_attention_ref(q, k, v, qsl, lens, tables, 0.2), rtol=2e-5, atol=2e-5)
+k16, v16, q16 = torch.randn(6, 16, 2, 32, generator=g).bfloat16(), torch.randn(6, 16, 2, 32, generator=g).bfloat16(), torch.randn(5, 4, 32, generator=g)
+assert torch.equal(ops.paged_attention(q16, k16, v16, qsl, lens, tables, 0.2, []),
+                   ops.paged_attention(q16, k16.float(), v16.float(), qsl, lens, tables, 0.2, []))
 print("portable ok")
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,

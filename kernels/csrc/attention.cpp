@@ -1,6 +1,7 @@
 // Paged attention over a flattened batch on the CPU: prefill chunks, decode tokens and token-tree
 // nodes in one call, keys and values read in place through the block tables (no gather into dense
-// tensors), GQA without repeating K/V.
+// tensors), GQA without repeating K/V. The caches are fp32, or bf16 (half the bytes a decode step
+// streams; each element widened exactly to fp32 as it is loaded, so the arithmetic is the same).
 //
 // A query row's result depends only on its visible keys in position order (the committed context,
 // then its window: causal, or the tree mask's row), never on what else is in the call: its score
@@ -21,6 +22,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <vector>
 
@@ -69,39 +71,50 @@ struct Row {
   }
 };
 
+// the caches' elements: fp32, or bf16 (their bits; widened exactly to fp32 on load)
+template <typename T>
 struct Cache {
-  const float* k;
-  const float* v;
-  int64_t slot_stride;  // floats per cache slot (kvh * d)
+  const T* k;
+  const T* v;
+  int64_t slot_stride;  // elements per cache slot (kvh * d)
   int64_t d;
 };
+
+inline V16 vload_elem(const float* p) { return vload(p); }
+inline V16 vload_elem(const uint16_t* p) { return vload_bf16(p); }
 
 struct Scratch {
   std::vector<int64_t> slots;  // [keys] cache slot of each key position
   std::vector<float> scores;   // [rows][keys]: dense scores, then each row's visible list, exp'd
   std::vector<int64_t> counts; // [rows] visible keys of each row
   std::vector<float> zeros;    // a zero key for the padding lanes of the last 16-key chunk
+  std::vector<uint16_t> zeros16;  // the same for a bf16 cache
+  const float* zero_key(const float*) const { return zeros.data(); }
+  const uint16_t* zero_key(const uint16_t*) const { return zeros16.data(); }
 };
 
 inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)); }
 
 // scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time (Whole: the head dim is a
 // multiple of 16, no masked loads)
-template <bool Whole>
-void score_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, float scale,
-                const float* zeros, float* scores) {
+template <bool Whole, typename T>
+void score_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, float scale,
+                const T* zeros, float* scores) {
   const int64_t d = cache.d;
   const int chunks = static_cast<int>((d + kLanes - 1) / kLanes);
   for (int64_t p0 = 0; p0 < keys; p0 += kLanes) {
     const int n = static_cast<int>(std::min<int64_t>(kLanes, keys - p0));
-    const float* kp[kLanes];
+    const T* kp[kLanes];
     for (int i = 0; i < kLanes; ++i) kp[i] = i < n ? cache.k + slots[p0 + i] * cache.slot_stride : zeros;
     V16 acc[kMaxRows];
     for (int r = 0; r < R; ++r) acc[r] = vzero();
     for (int c = 0; c < chunks; ++c) {
       const int m = Whole ? kLanes : lanes_in(d, c);
       V16 t[kLanes];  // t[j]: dimension c*16 + j of the 16 keys
-      for (int i = 0; i < kLanes; ++i) t[i] = Whole ? vload(kp[i] + c * kLanes) : vload_n(kp[i] + c * kLanes, m);
+      for (int i = 0; i < kLanes; ++i) {
+        if constexpr (Whole) t[i] = vload_elem(kp[i] + c * kLanes);
+        else t[i] = vload_n(kp[i] + c * kLanes, m);  // fp32 caches only (bf16 ones need whole chunks)
+      }
       transpose16(t);
       if (m == kLanes) {  // unrolled with constant indices: t stays in registers
         for (int r = 0; r < R; ++r) {
@@ -157,15 +170,18 @@ float softmax_row(const Row& row, float* s, int64_t keys, int64_t& count) {
 }
 
 // chunk c of a key's value: whole when the head dim is a multiple of 16 (no mask in the key loop)
-template <int NC, bool Whole>
-inline void load_value(const float* v, int64_t d, V16 (&vv)[NC]) {
-  for (int c = 0; c < NC; ++c) vv[c] = Whole ? vload(v + c * kLanes) : vload_n(v + c * kLanes, lanes_in(d, c));
+template <int NC, bool Whole, typename T>
+inline void load_value(const T* v, int64_t d, V16 (&vv)[NC]) {
+  for (int c = 0; c < NC; ++c) {
+    if constexpr (Whole) vv[c] = vload_elem(v + c * kLanes);
+    else vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
+  }
 }
 
 // out_r = sum over row r's visible keys, in order, of e * v, / sum_r, for G rows at once (their
 // G x NC accumulators in registers), each key's value loaded once for the G rows
-template <int NC, int G, bool Whole>
-void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+template <int NC, int G, bool Whole, typename T>
+void weigh_group(const Row* rows, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
                  const float* sums) {
   const int64_t d = cache.d;
   V16 acc[G][NC];
@@ -201,8 +217,8 @@ void weigh_group(const Row* rows, const Cache& cache, const int64_t* slots, int6
 }
 
 // rows in groups of at most kPVVectors / NC (accumulators that fit the registers)
-template <int NC, bool Whole>
-void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+template <int NC, bool Whole, typename T>
+void weigh_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
                 const float* sums) {
   constexpr int kGroup = kPVVectors / NC < 8 ? kPVVectors / NC : 8;
   for (int r0 = 0; r0 < R; r0 += kGroup) {
@@ -212,7 +228,7 @@ void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots
     const float* sm = sums + r0;
     switch (G) {
 #define SPECRAY_GROUP(N) \
-  case N: if constexpr (N <= kGroup) weigh_group<NC, N, Whole>(rg, cache, slots, keys, e, sm); break;
+  case N: if constexpr (N <= kGroup) weigh_group<NC, N, Whole, T>(rg, cache, slots, keys, e, sm); break;
       SPECRAY_GROUP(1) SPECRAY_GROUP(2) SPECRAY_GROUP(3) SPECRAY_GROUP(4)
       SPECRAY_GROUP(5) SPECRAY_GROUP(6) SPECRAY_GROUP(7) SPECRAY_GROUP(8)
 #undef SPECRAY_GROUP
@@ -221,30 +237,34 @@ void weigh_rows(const Row* rows, int R, const Cache& cache, const int64_t* slots
   }
 }
 
-template <int NC>
-void weigh_rows_of(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys, const float* exps,
+template <int NC, typename T>
+void weigh_rows_of(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
                    const float* sums) {
-  if (cache.d % kLanes == 0) weigh_rows<NC, true>(rows, R, cache, slots, keys, exps, sums);
-  else weigh_rows<NC, false>(rows, R, cache, slots, keys, exps, sums);
+  if constexpr (std::is_same_v<T, float>) {
+    if (cache.d % kLanes != 0) return weigh_rows<NC, false, T>(rows, R, cache, slots, keys, exps, sums);
+  }
+  weigh_rows<NC, true, T>(rows, R, cache, slots, keys, exps, sums);
 }
 
-void weigh_values(const Row* rows, int R, const Cache& cache, const int64_t* slots, int64_t keys,
+template <typename T>
+void weigh_values(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys,
                   const float* exps, const float* sums) {
   switch ((cache.d + kLanes - 1) / kLanes) {
-    case 1: weigh_rows_of<1>(rows, R, cache, slots, keys, exps, sums); break;
-    case 2: weigh_rows_of<2>(rows, R, cache, slots, keys, exps, sums); break;
-    case 3: weigh_rows_of<3>(rows, R, cache, slots, keys, exps, sums); break;
-    case 4: weigh_rows_of<4>(rows, R, cache, slots, keys, exps, sums); break;
-    case 5: weigh_rows_of<5>(rows, R, cache, slots, keys, exps, sums); break;
-    case 6: weigh_rows_of<6>(rows, R, cache, slots, keys, exps, sums); break;
-    case 7: weigh_rows_of<7>(rows, R, cache, slots, keys, exps, sums); break;
-    case 8: weigh_rows_of<8>(rows, R, cache, slots, keys, exps, sums); break;
-    default: weigh_rows_of<16>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
+    case 1: weigh_rows_of<1, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 2: weigh_rows_of<2, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 3: weigh_rows_of<3, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 4: weigh_rows_of<4, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 5: weigh_rows_of<5, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 6: weigh_rows_of<6, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 7: weigh_rows_of<7, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 8: weigh_rows_of<8, T>(rows, R, cache, slots, keys, exps, sums); break;
+    default: weigh_rows_of<16, T>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
   }
 }
 
+template <typename T>
 void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, int64_t sq1, float* out, int64_t h,
-                 int64_t group, const Cache& cache, float scale, Scratch& sc) {
+                 int64_t group, const Cache<T>& cache, float scale, Scratch& sc) {
   const int64_t b = it.seq, qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
   const int64_t w = bt.win_lens[b];
   Row rows[kMaxRows];
@@ -268,8 +288,13 @@ void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, i
     for (int64_t o = 0; o < n; ++o) sc.slots[p0 + o] = base + o;
   }
   sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
-  if (cache.d % kLanes == 0) score_rows<true>(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
-  else score_rows<false>(rows, R, cache, sc.slots.data(), keys, scale, sc.zeros.data(), sc.scores.data());
+  const T* zeros = sc.zero_key(cache.k);
+  if constexpr (std::is_same_v<T, float>) {
+    if (cache.d % kLanes != 0) score_rows<false, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
+    else score_rows<true, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
+  } else {
+    score_rows<true, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
+  }
   float sums[kMaxRows];
   for (int r = 0; r < R; ++r) {
     int64_t count = 0;
@@ -322,8 +347,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& block_tables, double scale, at::TensorList windows,
                            const at::Tensor& result) {
   check_f32(q, "paged_attention: q");
-  check_f32(k_cache, "paged_attention: k_cache");
-  check_f32(v_cache, "paged_attention: v_cache");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.device().is_cpu() && (k_cache.scalar_type() == at::kFloat || bf16) &&
+                  v_cache.scalar_type() == k_cache.scalar_type() && v_cache.device().is_cpu(),
+              "paged_attention: the caches must be float32 or bfloat16 CPU tensors of one dtype, got ",
+              k_cache.scalar_type(), " and ", v_cache.scalar_type());
   check_i64(query_start_loc, "paged_attention: query_start_loc");
   check_i64(kv_lens, "paged_attention: kv_lens");
   check_i64(block_tables, "paged_attention: block_tables");
@@ -361,17 +389,26 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   const float* qp = q.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1), count = static_cast<int64_t>(items.size());
-  const Cache cache{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d};
+  TORCH_CHECK(!bf16 || d % kLanes == 0, "paged_attention: a bfloat16 cache needs a head dim that is a multiple of ",
+              kLanes, ", got ", d);
   // head offsets folded in: a slot's key for KV head j starts at k + slot * kvh * d + j * d
-  at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
-    Scratch sc;
-    sc.zeros.assign(kMaxHeadDim, 0.f);
-    for (int64_t idx = i0; idx < i1; ++idx) {
-      const Item& it = items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2];  // both ends of the batch
-      const Cache head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
-      attend_item(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
-    }
-  });
+  auto run = [&](auto cache) {
+    at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
+      Scratch sc;
+      sc.zeros.assign(kMaxHeadDim, 0.f);
+      sc.zeros16.assign(kMaxHeadDim, 0);
+      for (int64_t idx = i0; idx < i1; ++idx) {
+        const Item& it = items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2];  // both ends of the batch
+        const decltype(cache) head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
+        attend_item(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
+      }
+    });
+  };
+  if (bf16)
+    run(Cache<uint16_t>{static_cast<const uint16_t*>(k_cache.const_data_ptr()),
+                        static_cast<const uint16_t*>(v_cache.const_data_ptr()), kvh * d, d});
+  else
+    run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d});
   return out;
 }
 

@@ -6,11 +6,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
 #include <limits>
 
 namespace specray {
 namespace {
+
+constexpr int64_t kMaxKvWidth = 8192;  // KV heads x head dim of one token (a bf16 cache's staging row)
 
 // grain: rows per thread chunk such that a chunk is at least ~16k elements of work
 inline int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
@@ -178,8 +182,11 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   check_f32(cos, "rope_write_kv: cos");
   check_f32(sin, "rope_write_kv: sin");
   check_i64(slots, "rope_write_kv: slot_mapping");
-  check_f32(k_cache, "rope_write_kv: k_cache");
-  check_f32(v_cache, "rope_write_kv: v_cache");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.device().is_cpu() && (k_cache.scalar_type() == at::kFloat || bf16) &&
+                  v_cache.scalar_type() == k_cache.scalar_type() && v_cache.device().is_cpu(),
+              "rope_write_kv: the caches must be float32 or bfloat16 CPU tensors of one dtype, got ",
+              k_cache.scalar_type(), " and ", v_cache.scalar_type());
   const int64_t N = qkv.size(0);
   TORCH_CHECK(h > 0 && kvh > 0 && qkv.size(1) % (h + 2 * kvh) == 0, "rope_write_kv: qkv width ", qkv.size(1),
               " is not (h + 2 kvh) * d for h=", h, ", kvh=", kvh);
@@ -197,14 +204,16 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
               "rope_write_kv: caches ", k_cache.sizes(), " / ", v_cache.sizes(), " must be contiguous [..., kvh=", kvh,
               ", d=", d, "]");
   const int64_t num_slots = k_cache.numel() / (kvh * d);
+  TORCH_CHECK(!bf16 || kvh * d <= kMaxKvWidth, "rope_write_kv: a bfloat16 cache of ", kvh, " KV heads x ", d,
+              " dims is wider than ", kMaxKvWidth);
   at::Tensor q = result_buffer(result, {N, h, d}, qkv, "rope_write_kv");
   const float* src = qkv.const_data_ptr<float>();
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
   const int64_t* slot = slots.const_data_ptr<int64_t>();
   float* qp = q.mutable_data_ptr<float>();
-  float* kp = k_cache.mutable_data_ptr<float>();
-  float* vp = v_cache.mutable_data_ptr<float>();
+  void* kp = k_cache.mutable_data_ptr();
+  void* vp = v_cache.mutable_data_ptr();
   const int64_t sq = qkv.stride(0), sc = cos.stride(0), ss = sin.stride(0);
   for (int64_t i = 0; i < N; ++i)
     TORCH_CHECK(slot[i] < num_slots, "rope_write_kv: slot_mapping[", i, "] = ", slot[i], " is outside the cache's ",
@@ -224,11 +233,21 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
       const float* s = sp + r * ss;
       for (int64_t j = 0; j < h; ++j) rotate(row + j * d, c, s, qp + (r * h + j) * d);
       if (slot[r] < 0) continue;  // a padded row: nothing written
-      float* kdst = kp + slot[r] * kvh * d;
-      float* vdst = vp + slot[r] * kvh * d;
-      for (int64_t j = 0; j < kvh; ++j) rotate(row + (h + j) * d, c, s, kdst + j * d);
       const float* v = row + (h + kvh) * d;
-      for (int64_t j = 0; j < kvh * d; ++j) vdst[j] = v[j];
+      const int64_t at = slot[r] * kvh * d;
+      if (!bf16) {
+        float* kdst = static_cast<float*>(kp) + at;
+        float* vdst = static_cast<float*>(vp) + at;
+        for (int64_t j = 0; j < kvh; ++j) rotate(row + (h + j) * d, c, s, kdst + j * d);
+        for (int64_t j = 0; j < kvh * d; ++j) vdst[j] = v[j];
+        continue;
+      }
+      // a bf16 cache: the fp32 values rounded to nearest even, as torch's .to(torch.bfloat16)
+      float kr[kMaxKvWidth];
+      for (int64_t j = 0; j < kvh; ++j) rotate(row + (h + j) * d, c, s, kr + j * d);
+      c10::BFloat16* kdst = static_cast<c10::BFloat16*>(kp) + at;
+      c10::BFloat16* vdst = static_cast<c10::BFloat16*>(vp) + at;
+      for (int64_t j = 0; j < kvh * d; ++j) kdst[j] = c10::BFloat16(kr[j]), vdst[j] = c10::BFloat16(v[j]);
     }
   });
   return q;

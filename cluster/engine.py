@@ -64,7 +64,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.prompts = PromptEncoder(loaded.tokenizer)
         spec = config.speculative
-        kv_dtype = kv_cache_dtype_for(config, self.dtype, loaded.model, verifier is not None)
+        kv_dtype = kv_cache_dtype_for(config, self.dtype, loaded.model, verifier)
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, kv_dtype, spec.max_nodes)
         num_host, disk = kv_tiers_for(config, loaded.config, kv_dtype, verifier is not None, kv is not None)
         self.verifier = verifier or local_verifier(config, loaded.model, self.device, kv_dtype, num_blocks,

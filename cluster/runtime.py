@@ -23,11 +23,12 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return dev, _DTYPES[dtype]
 
 
-def kv_cache_dtype_for(config, dtype: torch.dtype, model, remote_verifier: bool) -> torch.dtype:
+def kv_cache_dtype_for(config, dtype: torch.dtype, model, verifier=None) -> torch.dtype:
     """The KV cache's dtype: the model's (``kv_cache_dtype`` auto), or the one asked for. bfloat16
     under an fp32 model halves the bytes a decode step reads from the cache and doubles the blocks
     per GB, but rounds every key and value to 8 bits of mantissa (the logits change: opt-in). Only
-    the native CPU kernels read such a cache."""
+    the native CPU kernels read such a cache. ``verifier``: one the engine was given (a benchmark's
+    engines share one; tensor-parallel shards keep their caches in their own processes)."""
     if config.kv_cache_dtype == "auto":
         return dtype
     kv = _DTYPES[config.kv_cache_dtype]
@@ -35,7 +36,9 @@ def kv_cache_dtype_for(config, dtype: torch.dtype, model, remote_verifier: bool)
         return kv
     from actors.model.attention_backends import uses_native
 
-    if remote_verifier or not uses_native(model):
+    caches = getattr(verifier, "kv_caches", None) if verifier is not None else None
+    shared_ok = verifier is None or (caches is not None and caches[0][0].dtype is kv)
+    if not shared_ok or not uses_native(model):
         raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} under a {str(dtype).removeprefix('torch.')} "
                          "model needs the in-process native CPU attention (--attention-backend native, one "
                          "tensor-parallel rank); use kv_cache_dtype='auto'")

@@ -64,6 +64,20 @@ def test_the_engine_holds_twice_the_blocks_and_stays_lossless(tiny_target_dir, t
     assert sum(o.num_draft_tokens for o in outs) > 0
 
 
+def test_engines_sharing_a_verifier_share_its_bf16_cache(tiny_target_dir, tiny_prompts):
+    """specray bench builds one engine per variant over one verifier (and its KV cache)."""
+    from cluster.config import EngineConfig
+    from cluster.engine import LLMEngine
+
+    first = tiny_engine(tiny_target_dir, kv_cache_dtype="bfloat16")
+    second = LLMEngine(first.config.model_copy(update={"speculative": EngineConfig().speculative}),
+                       loaded=first.loaded, verifier=first.verifier)
+    assert second.verifier.kv_caches[0][0].dtype is torch.bfloat16
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert [o.token_ids for o in second.generate(tiny_prompts[:2], params)] == \
+        [o.token_ids for o in first.generate(tiny_prompts[:2], params)]
+
+
 def test_a_bf16_cache_is_refused_where_nothing_reads_it(tiny_target_dir):
     from cluster.config import EngineConfig
 

@@ -237,32 +237,23 @@ void weigh_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* sl
   }
 }
 
-template <int NC, typename T>
-void weigh_rows_of(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
-                   const float* sums) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cache.d % kLanes != 0) return weigh_rows<NC, false, T>(rows, R, cache, slots, keys, exps, sums);
-  }
-  weigh_rows<NC, true, T>(rows, R, cache, slots, keys, exps, sums);
-}
-
-template <typename T>
+template <bool Whole, typename T>
 void weigh_values(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys,
                   const float* exps, const float* sums) {
   switch ((cache.d + kLanes - 1) / kLanes) {
-    case 1: weigh_rows_of<1, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 2: weigh_rows_of<2, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 3: weigh_rows_of<3, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 4: weigh_rows_of<4, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 5: weigh_rows_of<5, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 6: weigh_rows_of<6, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 7: weigh_rows_of<7, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 8: weigh_rows_of<8, T>(rows, R, cache, slots, keys, exps, sums); break;
-    default: weigh_rows_of<16, T>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
+    case 1: weigh_rows<1, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 2: weigh_rows<2, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 3: weigh_rows<3, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 4: weigh_rows<4, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 5: weigh_rows<5, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 6: weigh_rows<6, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 7: weigh_rows<7, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    case 8: weigh_rows<8, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
+    default: weigh_rows<16, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
   }
 }
 
-template <typename T>
+template <bool Whole, typename T>
 void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, int64_t sq1, float* out, int64_t h,
                  int64_t group, const Cache<T>& cache, float scale, Scratch& sc) {
   const int64_t b = it.seq, qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
@@ -288,19 +279,13 @@ void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, i
     for (int64_t o = 0; o < n; ++o) sc.slots[p0 + o] = base + o;
   }
   sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
-  const T* zeros = sc.zero_key(cache.k);
-  if constexpr (std::is_same_v<T, float>) {
-    if (cache.d % kLanes != 0) score_rows<false, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
-    else score_rows<true, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
-  } else {
-    score_rows<true, T>(rows, R, cache, sc.slots.data(), keys, scale, zeros, sc.scores.data());
-  }
+  score_rows<Whole, T>(rows, R, cache, sc.slots.data(), keys, scale, sc.zero_key(cache.k), sc.scores.data());
   float sums[kMaxRows];
   for (int r = 0; r < R; ++r) {
     int64_t count = 0;
     sums[r] = softmax_row(rows[r], sc.scores.data() + r * keys, keys, count);
   }
-  weigh_values(rows, R, cache, sc.slots.data(), keys, sc.scores.data(), sums);
+  weigh_values<Whole, T>(rows, R, cache, sc.slots.data(), keys, sc.scores.data(), sums);
 }
 
 void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int64_t num_blocks) {
@@ -347,11 +332,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& block_tables, double scale, at::TensorList windows,
                            const at::Tensor& result) {
   check_f32(q, "paged_attention: q");
-  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k_cache.device().is_cpu() && (k_cache.scalar_type() == at::kFloat || bf16) &&
-                  v_cache.scalar_type() == k_cache.scalar_type() && v_cache.device().is_cpu(),
-              "paged_attention: the caches must be float32 or bfloat16 CPU tensors of one dtype, got ",
-              k_cache.scalar_type(), " and ", v_cache.scalar_type());
+  const bool bf16 = check_kv_caches(k_cache, v_cache, "paged_attention");
   check_i64(query_start_loc, "paged_attention: query_start_loc");
   check_i64(kv_lens, "paged_attention: kv_lens");
   check_i64(block_tables, "paged_attention: block_tables");
@@ -392,7 +373,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   TORCH_CHECK(!bf16 || d % kLanes == 0, "paged_attention: a bfloat16 cache needs a head dim that is a multiple of ",
               kLanes, ", got ", d);
   // head offsets folded in: a slot's key for KV head j starts at k + slot * kvh * d + j * d
-  auto run = [&](auto cache) {
+  // Whole: the head dim is a multiple of 16, so no load needs a mask (bf16 caches always are)
+  auto run = [&](auto cache, auto whole) {
     at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
       Scratch sc;
       sc.zeros.assign(kMaxHeadDim, 0.f);
@@ -400,15 +382,18 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       for (int64_t idx = i0; idx < i1; ++idx) {
         const Item& it = items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2];  // both ends of the batch
         const decltype(cache) head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
-        attend_item(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
+        attend_item<decltype(whole)::value>(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
       }
     });
   };
   if (bf16)
     run(Cache<uint16_t>{static_cast<const uint16_t*>(k_cache.const_data_ptr()),
-                        static_cast<const uint16_t*>(v_cache.const_data_ptr()), kvh * d, d});
+                        static_cast<const uint16_t*>(v_cache.const_data_ptr()), kvh * d, d},
+        std::true_type{});
+  else if (d % kLanes == 0)
+    run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d}, std::true_type{});
   else
-    run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d});
+    run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d}, std::false_type{});
   return out;
 }
 

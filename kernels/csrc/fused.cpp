@@ -182,11 +182,7 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   check_f32(cos, "rope_write_kv: cos");
   check_f32(sin, "rope_write_kv: sin");
   check_i64(slots, "rope_write_kv: slot_mapping");
-  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(k_cache.device().is_cpu() && (k_cache.scalar_type() == at::kFloat || bf16) &&
-                  v_cache.scalar_type() == k_cache.scalar_type() && v_cache.device().is_cpu(),
-              "rope_write_kv: the caches must be float32 or bfloat16 CPU tensors of one dtype, got ",
-              k_cache.scalar_type(), " and ", v_cache.scalar_type());
+  const bool bf16 = check_kv_caches(k_cache, v_cache, "rope_write_kv");
   const int64_t N = qkv.size(0);
   TORCH_CHECK(h > 0 && kvh > 0 && qkv.size(1) % (h + 2 * kvh) == 0, "rope_write_kv: qkv width ", qkv.size(1),
               " is not (h + 2 kvh) * d for h=", h, ", kvh=", kvh);

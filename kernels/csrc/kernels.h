@@ -17,6 +17,16 @@ inline void check_f32(const at::Tensor& t, const char* what) {
               t.scalar_type(), " on ", t.device());
 }
 
+// a layer's K and V caches: float32 or bfloat16 CPU tensors of one dtype; returns whether bfloat16
+inline bool check_kv_caches(const at::Tensor& k, const at::Tensor& v, const char* what) {
+  const bool bf16 = k.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k.device().is_cpu() && v.device().is_cpu() && (k.scalar_type() == at::kFloat || bf16) &&
+                  v.scalar_type() == k.scalar_type(),
+              what, ": the caches must be float32 or bfloat16 CPU tensors of one dtype, got ", k.scalar_type(), " and ",
+              v.scalar_type());
+  return bf16;
+}
+
 inline void check_i64(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() >= 1, what,
               " must be an int64 CPU tensor, got ", t.scalar_type(), " on ", t.device());

@@ -36,7 +36,7 @@ def kv_cache_dtype_for(config, dtype: torch.dtype, model, verifier=None) -> torc
         return kv
     from actors.model.attention_backends import uses_native
 
-    caches = getattr(verifier, "kv_caches", None) if verifier is not None else None
+    caches = getattr(verifier, "kv_caches", None)  # a remote (tensor-parallel) verifier has none here
     shared_ok = verifier is None or (caches is not None and caches[0][0].dtype is kv)
     if not shared_ok or not uses_native(model):
         raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} under a {str(dtype).removeprefix('torch.')} "

@@ -94,26 +94,6 @@ def test_silu_and_mul_matches_the_reference_over_a_wide_range():
     torch.testing.assert_close(cn.silu_and_mul(x), want, rtol=2e-6, atol=1e-6)
 
 
-def test_argmax_rows_answers_as_torch_argmax():
-    """The first maximum (ties: the lowest index), rows of every length around the 16 lanes, strided
-    rows, and rows with NaN or infinities (torch: the first NaN wins)."""
-    g = _gen(9)
-    for v in (1, 5, 16, 17, 49152 + 3):
-        x = torch.randn(7, v, generator=g)
-        x[1] = x[1].round()  # many ties
-        x[2, v // 2:] = x[2].max()  # the maximum from the middle on
-        assert torch.equal(cn.argmax_rows(x), x.argmax(-1)), v
-    x = torch.randn(6, 40, generator=g)
-    x[0, 30], x[1, 3], x[1, 20] = float("inf"), float("nan"), float("nan")
-    x[2, 7], x[3] = float("-inf"), float("-inf")
-    x[4, 39], x[5, 0] = float("nan"), float("inf")
-    assert torch.equal(cn.argmax_rows(x), x.argmax(-1))
-    wide = torch.randn(3, 64, generator=g)[:, 8:48]  # rows 64 apart
-    assert torch.equal(cn.argmax_rows(wide), wide.argmax(-1))
-    with pytest.raises(RuntimeError, match="argmax_rows: rows of 0 values"):
-        cn.argmax_rows(torch.empty(2, 0))
-
-
 @pytest.mark.parametrize("h, kvh", [(4, 4), (6, 2), (8, 2)])
 def test_rope_write_kv_gives_the_reference_bits_and_skips_padded_rows(h, kvh):
     g = _gen(h * 10 + kvh)

@@ -23,6 +23,7 @@ from actors.sampling import (
 )
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree
+from kernels import cpu_native
 
 # --------------------------------------------------------------------------- logits_to_probs, sample
 
@@ -345,3 +346,27 @@ def test_verify_sampling_result_is_a_valid_path(case):
     assert target[path[-1], res.next_token] > 0
     assert res.bonus == (not tree.children(path[-1]))
     assert res == verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native CPU kernels are not built here")
+def test_greedy_on_cpu_answers_as_torch_argmax():
+    """greedy() takes fp32 CPU rows to the native kernel (cpu_native.argmax_rows): the first maximum
+    (ties: the lowest index), rows of every length around the 16 lanes, strided rows, and rows with
+    NaN or infinities (torch: the first NaN wins)."""
+    g = torch.Generator().manual_seed(9)
+    for v in (1, 5, 16, 17, 49152 + 3):
+        x = torch.randn(7, v, generator=g)
+        x[1] = x[1].round()  # many ties
+        x[2, v // 2:] = x[2].max()  # the maximum from the middle on
+        assert torch.equal(cpu_native.argmax_rows(x), x.argmax(-1)), v
+        assert torch.equal(greedy(x), x.argmax(-1)), v
+    x = torch.randn(6, 40, generator=g)
+    x[0, 30], x[1, 3], x[1, 20] = float("inf"), float("nan"), float("nan")
+    x[2, 7], x[3] = float("-inf"), float("-inf")
+    x[4, 39], x[5, 0] = float("nan"), float("inf")
+    assert torch.equal(cpu_native.argmax_rows(x), x.argmax(-1))
+    wide = torch.randn(3, 64, generator=g)[:, 8:48]  # rows 64 apart
+    assert torch.equal(cpu_native.argmax_rows(wide), wide.argmax(-1))
+    assert torch.equal(greedy(wide), wide.argmax(-1))
+    with pytest.raises(RuntimeError, match="argmax_rows: rows of 0 values"):
+        cpu_native.argmax_rows(torch.empty(2, 0))

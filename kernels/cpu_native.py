@@ -13,6 +13,10 @@ token is a plain decode step, a prefill row or a token-tree node (attention list
 keys in position order and never touches masked ones). Greedy speculative decoding is then lossless
 bit for bit, not only empirically.
 
+Products over a GGUF model's quantized blocks multiply the activations in 16-bit fixed point by
+default (``csrc/linear16.cpp``; ``SPECRAY_CPU_ACTIVATIONS=float32`` for fp32 and the fp32 model's
+bits): the same for every row, so the above holds in either mode.
+
 The references the tests hold the kernels to: ``F.linear``; ``kernels.triton_fused``'s
 ``rmsnorm_residual_ref``, ``silu_and_mul_ref``, ``rope_write_kv_ref``; ``kernels.triton_attention``'s
 ``paged_attention_ref``.
@@ -40,8 +44,8 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "linear.cpp", "fused.cpp", "attention.cpp", "layers.cpp")
-HEADERS = ("kernels.h", "vec16.h")
+SOURCES = ("ops.cpp", "linear.cpp", "linear16.cpp", "fused.cpp", "attention.cpp", "layers.cpp")
+HEADERS = ("kernels.h", "vec16.h", "products.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
 
 _lock = threading.Lock()
@@ -135,12 +139,41 @@ def _try_load() -> tuple[bool, str | None]:
         return False, "turned off by SPECRAY_CPU_KERNELS=0"
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         return False, f"no build for {platform.machine()}"
+    activations = activations_mode()  # a bad value is the caller's error, not a reason to fall back
     try:
         _state["name"] = build()
         _bind()
+        _set_activations(activations)
     except Exception as e:  # no compiler, no ninja, a compile error: the caller falls back
         return False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
     return True, None
+
+
+ACTIVATIONS = {"int16": 16, "float32": 32}  # SPECRAY_CPU_ACTIVATIONS: what products over GGUF blocks multiply
+
+
+def activations_mode() -> str:
+    """``SPECRAY_CPU_ACTIVATIONS``: ``int16`` (default: csrc/linear16.cpp) or ``float32`` (the fp32 model's bits)."""
+    value = os.environ.get("SPECRAY_CPU_ACTIVATIONS", "int16")
+    if value not in ACTIVATIONS:
+        raise ValueError(f"SPECRAY_CPU_ACTIVATIONS={value!r} is not one of {', '.join(ACTIVATIONS)}")
+    return value
+
+
+def _set_activations(mode: str) -> None:
+    torch.ops.specray_cpu.set_product_activations(ACTIVATIONS[mode])
+
+
+def set_activations(mode: str) -> str:
+    """What this process's products over GGUF blocks multiply from now on (``int16`` or ``float32``);
+    returns the mode before. Tests and A/B benchmarks switch; a server keeps its environment's."""
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"activations {mode!r} are not one of {', '.join(ACTIVATIONS)}")
+    if not load():
+        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+    before = {v: k for k, v in ACTIVATIONS.items()}[int(torch.ops.specray_cpu.product_activations())]
+    _set_activations(mode)
+    return before
 
 
 def unavailable_reason() -> str | None:
@@ -156,7 +189,7 @@ def _bind() -> None:
 
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
-        "decoder_layers", "has_avx512", "argmax_rows")
+        "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations")
 
 
 def _first_call(name: str):

@@ -4,8 +4,10 @@ The default model ships as a GGUF file whose matrices are Q4_1 (every 32 weights
 fp16 scale ``d`` and minimum ``m``: w = d q + m, q in 0..15) and whose embedding, tied to the LM
 head, is Q8_0 (w = d q, q int8). The fp32 model specray runs is their dequantization, so streaming
 those blocks instead of the fp32 copy reads 6.4x (Q4_1) or 3.8x (Q8_0) fewer bytes per product
-for the same weights. The kernel rebuilds each weight with the dequantization's own rounding (d q is
-exact in fp32; + m rounds once), so a product over the blocks has the fp32 product's bits.
+for the same weights. With fp32 activations (SPECRAY_CPU_ACTIVATIONS=float32) the kernel rebuilds
+each weight with the dequantization's own rounding (d q is exact in fp32; + m rounds once), so a
+product over the blocks has the fp32 product's bits; by default it multiplies the quants by the
+activations in 16-bit fixed point (csrc/linear16.cpp).
 
 Here: the blocks parsed from a tensor's raw GGUF bytes, their dequantization (the reference and the
 check that blocks reproduce a weight bit for bit) and the packing into the kernel's tiles:

@@ -269,10 +269,15 @@ torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
 assert torch.equal(ops.linear(x[:1], ops.pack_linear(w), 37, None)[0], y[0])
 from kernels import gguf_blocks as gb
 from tests.test_gguf_blocks import random_blocks
-xq = torch.randn(13, 64, generator=g)
+xq = torch.randn(30, 64, generator=g)
+assert cn.load()
 for kind in ("Q4_1", "Q8_0"):  # half scales (a subnormal one), nibbles, int8: widened exactly
     b = random_blocks(kind, 37, 64, seed=2)
+    ops.set_product_activations(32)
     assert torch.equal(ops.linear(xq, gb.pack(b), 37, None), ops.linear(xq, ops.pack_linear(gb.dequantize(b)), 37, None))
+    ops.set_product_activations(16)  # fixed point: integer pairs and the same fp32 steps as the AVX-512 build
+    for m in (1, 13, 30):
+        assert torch.equal(ops.linear(xq[:m], gb.pack(b), 37, None), cn.linear(xq[:m], gb.pack(b), 37))
 s = torch.randn(4, 2 * 35, generator=g) * 20
 torch.testing.assert_close(ops.silu_and_mul(s), silu_and_mul_ref(s), rtol=2e-6, atol=1e-6)
 lg = torch.randn(3, 61, generator=g).round()

@@ -55,7 +55,7 @@ def test_parse_and_dequantize_match_the_gguf_package_bit_for_bit(kind):
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("n, k", [(37, 64), (16, 32), (100, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_product_over_blocks_has_the_fp32_products_bits_at_every_row_count(kind, n, k, bias):
+def test_a_product_over_blocks_has_the_fp32_products_bits_at_every_row_count(kind, n, k, bias, fp32_activations):
     b = random_blocks(kind, n, k, seed=n + k)
     g = torch.Generator().manual_seed(3)
     bb = torch.randn(n, generator=g) if bias else None

@@ -1,6 +1,7 @@
 """actors/model/gguf_weights.py: a GGUF-loaded model's products read the file's own blocks, matched
 row by row to its (fused, permuted) fp32 matrices, bound only where they reproduce them bit for bit;
-the match is cached and checked; the forward keeps its bits. A tiny model whose weights are the
+the match is cached and checked; the forward keeps its bits with fp32 activations and stays close
+with the default 16-bit fixed-point ones. A tiny model whose weights are the
 dequantization of blocks written here into a GGUF file, and the default model's own file."""
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def quantized_model(tiny_dir, path, seed: int = 0):
     return model
 
 
-def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_dir, tmp_path, monkeypatch):
+def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_dir, tmp_path, int16_activations):
     from actors.model.attention_backends import set_attention_backend
     from tests.model import Chunk, make_batch, random_ids, random_tables
 
@@ -65,12 +66,20 @@ def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_di
             return [model.compute_logits(model(make_batch(s, 16), kv)) for s in steps]
 
     before = forward()  # the fp32 packs
-    bound = gguf_weights.bind(model, tmp_path / "m.gguf", tmp_path)
+    bound = gguf_weights.bind(model, tmp_path / "m.gguf", tmp_path)  # the default activations: int16
     mats = gguf_weights.matrices(model)
     assert set(bound) == set(mats) and bound["embed_tokens.weight"] == "Q8_0"
     assert all(cpu_linear.reordered(w).dtype is torch.uint8 for w in mats.values())
-    assert all(torch.equal(a, b) for a, b in zip(before, forward()))
     assert (tmp_path / gguf_weights.CACHE_NAME).is_file()
+    fixed = forward()
+    for a, b in zip(before, fixed):  # activations rounded to 15-16 bits: close, not the same bits
+        assert float((b - a).abs().max()) < 1e-3 * float(a.abs().max())
+    assert not all(torch.equal(a, b) for a, b in zip(before, fixed))
+    before_mode = cpu_native.set_activations("float32")
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(before, forward()))  # fp32 activations: the same bits
+    finally:
+        cpu_native.set_activations(before_mode)
 
 
 def test_each_tensor_parallel_rank_caches_its_own_rows():

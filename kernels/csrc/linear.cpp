@@ -13,6 +13,7 @@
 // that produced the fp32 model (gguf's d * q exact, then + m rounded once: one fma), so the product
 // has the fp32 packed weight's bits while streaming 6.4x (Q4_1) or 3.8x (Q8_0) fewer bytes.
 #include "kernels.h"
+#include "products.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -32,25 +33,6 @@ constexpr int kQuantRowBlock = 11;
 // flight once a block's FMAs slow the loop down (8-12 rows: ~15% faster on the 2-core Xeon VM)
 constexpr int64_t kPrefetchLines = 64;
 
-constexpr int64_t kBlockK = 32;  // k per quantized block (GGUF's QK4_1 and QK8_0)
-
-// 16 columns x 32 k of Q4_1: per column a scale and a minimum (IEEE half), then 16 rows of 16 bytes,
-// row p holding k = 2p in each byte's low nibble and k = 2p + 1 in its high one (column j in byte j)
-struct Q4_1Tile {
-  uint16_t d[kLanes];
-  uint16_t m[kLanes];
-  uint8_t q[kBlockK / 2][kLanes];
-};
-// 16 columns x 32 k of Q8_0: per column a scale (IEEE half), then 32 rows of 16 int8 (column j in byte j)
-struct Q8_0Tile {
-  uint16_t d[kLanes];
-  int8_t q[kBlockK][kLanes];
-};
-static_assert(sizeof(Q4_1Tile) == 320 && sizeof(Q8_0Tile) == 544, "quantized tiles must be packed");
-
-template <typename W>
-constexpr bool kQuantized = std::is_same_v<W, Q4_1Tile> || std::is_same_v<W, Q8_0Tile>;
-
 // elements of W one tile (16 columns) spans over K
 template <typename W>
 constexpr int64_t tile_elems(int64_t K) {
@@ -64,21 +46,6 @@ inline void fma_rows(V16 (&acc)[MR][TN], const V16 (&w)[TN], const float* x, int
   for (int m = 0; m < MR; ++m) {
     const V16 xb = vset1(x[m * sx + k]);
     for (int t = 0; t < TN; ++t) acc[m][t] = vfma(w[t], xb, acc[m][t]);
-  }
-}
-
-// the sums of MR rows x TN tiles (columns n0..), + bias, into y [M, N]
-template <int MR, int TN>
-inline void store_block(const V16 (&acc)[MR][TN], float* y, int64_t N, int64_t n0, const float* bias) {
-  for (int t = 0; t < TN; ++t) {
-    const int64_t n = n0 + t * kLanes;
-    const int valid = static_cast<int>(std::min<int64_t>(kLanes, N - n));
-    const V16 b = bias ? vload_n(bias + n, valid) : vzero();
-    for (int m = 0; m < MR; ++m) {
-      const V16 out = bias ? vadd(acc[m][t], b) : acc[m][t];
-      if (valid == kLanes) vstore(y + m * N + n, out);
-      else vstore_n(y + m * N + n, out, valid);
-    }
   }
 }
 
@@ -112,14 +79,6 @@ inline void rebuild(const Q8_0Tile& tile, int k0, V16 d, V16 /*mn*/, V16 (&w)[1]
 }
 template <typename W>
 constexpr int kStep = std::is_same_v<W, Q4_1Tile> ? 2 : 1;  // k a rebuild yields
-// a tile's scale and (Q4_1) minimum
-template <typename W>
-inline void scales(const W& tile, V16& d, V16& mn) {
-  d = vload_f16(tile.d);
-  if constexpr (std::is_same_v<W, Q4_1Tile>) mn = vload_f16(tile.m);
-  else mn = vzero();
-}
-
 // block's contract over quantized tiles: each k's 16 weights rebuilt in fp32, then the same fma order
 template <int MR, int TN, typename W>
 inline void qblock(const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
@@ -296,6 +255,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, cons
   const float* bp = bias ? bias->const_data_ptr<float>() : nullptr;
   float* yp = y.mutable_data_ptr<float>();
   const void* wp = packed.const_data_ptr();
+  if (linear16_applies(type)) {
+    linear16(xp, x.stride(0), M, K, wp, tile_bytes, T, yp, N, bp);
+    return y;
+  }
   if (type == at::kFloat)
     run_linear(xp, x.stride(0), M, static_cast<const float*>(wp), K, T, yp, N, bp);
   else if (type == at::kBFloat16)

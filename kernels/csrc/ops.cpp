@@ -25,6 +25,8 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
         [](const Tensor& x, const Tensor& packed, int64_t n, const optional<Tensor>& bias) {
           return specray::linear(x, packed, n, bias);
         });
+  m.def("set_product_activations(int bits) -> ()", &specray::set_product_activations);
+  m.def("product_activations() -> int", &specray::product_activations);
   m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor",
         [](const Tensor& x, const Tensor& w, double eps) { return specray::rmsnorm(x, w, eps); });
   m.def("rmsnorm_residual(Tensor(a!) x, Tensor residual, Tensor weight, float eps) -> Tensor",

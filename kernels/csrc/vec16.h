@@ -96,6 +96,44 @@ inline V16 vload_bf16(const uint16_t* p) {
 inline V16 vload_f16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
+// 16 int32 lanes, each read as two int16 halves where pairs are multiplied (the fixed-point products
+// of linear16.cpp): integer arithmetic, so exact and the same in both builds
+struct VI {
+  __m512i v;
+};
+inline VI vi_zero() { return {_mm512_setzero_si512()}; }
+inline VI vi_set1(int32_t x) { return {_mm512_set1_epi32(x)}; }
+// acc + w.lo * x.lo + w.hi * x.hi per lane (int16 halves, signed; no overflow for the callers' ranges)
+inline VI vi_dot2(VI acc, VI w, VI x) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpwssd_epi32(acc.v, w.v, x.v)};
+#else
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(w.v, x.v))};
+#endif
+}
+inline V16 vi_to_float(VI a) { return {_mm512_cvtepi32_ps(a.v)}; }  // rounded to nearest even
+inline VI vi_load(const int32_t* p) { return {_mm512_loadu_si512(p)}; }
+inline void vi_store(int32_t* p, VI a) { _mm512_storeu_si512(p, a.v); }
+// 16 bytes of two 4-bit integers -> per lane the low nibble (low half) and the high one (high half)
+inline VI vi_nibble_pairs(const uint8_t* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), _mm512_set1_epi32(0x000F000F))};
+}
+// two rows of 16 int8 -> per lane a[i] (low half) and b[i] (high half), sign-extended
+inline VI vi_i8_pairs(const int8_t* a, const int8_t* b) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m256i xy = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(x, y)), _mm_unpackhi_epi8(x, y), 1);
+  return {_mm512_cvtepi8_epi16(xy)};
+}
+// 16 fp32 times 2^e (exact), rounded to the nearest integer (ties to even), saturated to int16
+inline void vfixed16(V16 a, float scale, int16_t* out) {
+  const __m512i p = _mm512_cvtps_epi32(_mm512_mul_ps(a.v, _mm512_set1_ps(scale)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtsepi32_epi16(p));
+}
+inline V16 vabs(V16 a) { return {_mm512_abs_ps(a.v)}; }
+inline bool vfinite(V16 a) { return _mm512_fpclass_ps_mask(a.v, 0x99) == 0; }  // no NaN (0x81) nor inf (0x18)
+
 // 16 bytes, each two 4-bit integers: lo gets the low nibbles, hi the high ones, as fp32 (0..15)
 inline void vload_nibbles(const uint8_t* p, V16& lo, V16& hi) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -182,6 +220,37 @@ inline void vload_nibbles(const uint8_t* p, V16& lo, V16& hi) {
   }
 }
 inline V16 vload_i8(const int8_t* p) { V16 r; SPECRAY_LANES r.v[i] = static_cast<float>(p[i]); return r; }
+struct VI {
+  int32_t v[kLanes];
+};
+inline VI vi_zero() { VI r; SPECRAY_LANES r.v[i] = 0; return r; }
+inline VI vi_set1(int32_t x) { VI r; SPECRAY_LANES r.v[i] = x; return r; }
+inline int32_t lo16(int32_t x) { return static_cast<int16_t>(static_cast<uint32_t>(x) & 0xFFFFu); }
+inline int32_t hi16(int32_t x) { return static_cast<int16_t>(static_cast<uint32_t>(x) >> 16); }
+inline VI vi_dot2(VI acc, VI w, VI x) {
+  VI r;
+  SPECRAY_LANES r.v[i] = static_cast<int32_t>(static_cast<uint32_t>(acc.v[i]) +
+                                              static_cast<uint32_t>(lo16(w.v[i]) * lo16(x.v[i]) + hi16(w.v[i]) * hi16(x.v[i])));
+  return r;
+}
+inline V16 vi_to_float(VI a) { V16 r; SPECRAY_LANES r.v[i] = static_cast<float>(a.v[i]); return r; }
+inline VI vi_load(const int32_t* p) { VI r; SPECRAY_LANES r.v[i] = p[i]; return r; }
+inline void vi_store(int32_t* p, VI a) { SPECRAY_LANES p[i] = a.v[i]; }
+inline VI vi_nibble_pairs(const uint8_t* p) { VI r; SPECRAY_LANES r.v[i] = (p[i] & 15) | ((p[i] >> 4) << 16); return r; }
+inline VI vi_i8_pairs(const int8_t* a, const int8_t* b) {
+  VI r;
+  SPECRAY_LANES r.v[i] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(b[i])) << 16) |
+                                              static_cast<uint16_t>(a[i]));
+  return r;
+}
+inline void vfixed16(V16 a, float scale, int16_t* out) {
+  SPECRAY_LANES {
+    const float p = std::nearbyint(a.v[i] * scale);
+    out[i] = static_cast<int16_t>(p > 32767.f ? 32767.f : (p < -32768.f ? -32768.f : p));
+  }
+}
+inline V16 vabs(V16 a) { V16 r; SPECRAY_LANES r.v[i] = std::fabs(a.v[i]); return r; }
+inline bool vfinite(V16 a) { bool ok = true; SPECRAY_LANES ok = ok && std::isfinite(a.v[i]); return ok; }
 #undef SPECRAY_LANES
 #endif
 

@@ -23,9 +23,11 @@ namespace {
 
 std::atomic<int64_t> g_activation_bits{16};  // kernels/cpu_native.py sets it from SPECRAY_CPU_ACTIVATIONS
 
-constexpr int kRows = 11;  // rows per register block: 11 integer and 11 fp32 accumulators
-// more rows than this: a tile's pairs are unpacked once into a scratch every row block reads
-constexpr int64_t kScratchRows = 2 * kRows;
+// rows per register block of TN column tiles: an integer and an fp32 accumulator per row and tile
+template <int TN>
+constexpr int kRowsFor = TN == 1 ? 11 : 6;
+// more rows than this: tile pairs are unpacked once into a scratch every row block reads
+constexpr int64_t kScratchRows = 2 * kRowsFor<1>;
 
 // x [M, K] in fixed point: p [M, K] int16; per row and block the scale s and s * sum(p) (both exact)
 struct Fixed16 {
@@ -76,109 +78,130 @@ void to_fixed16(const float* x, int64_t sx, int64_t M, int64_t K, Fixed16& f) {
   });
 }
 
-// a tile column's weights as int16 pairs: pair p of block kb holds k = 2p (low half) and 2p + 1
+// column tiles' weights as int16 pairs: pair p of block kb holds k = 2p (low half) and 2p + 1
 template <typename W>
 struct TilePairs {
-  const W* w;  // [KB]: the column tile's blocks
-  VI pair(int64_t kb, int p) const {
-    if constexpr (std::is_same_v<W, Q4_1Tile>) return vi_nibble_pairs(w[kb].q[p]);
-    else return vi_i8_pairs(w[kb].q[2 * p], w[kb].q[2 * p + 1]);
+  const W* w;  // [tiles][KB]: the column tiles' blocks
+  int64_t KB;
+  VI pair(int t, int64_t kb, int p) const {
+    const W& tile = w[t * KB + kb];
+    if constexpr (std::is_same_v<W, Q4_1Tile>) return vi_nibble_pairs(tile.q[p]);
+    else return vi_i8_pairs(tile.q[2 * p], tile.q[2 * p + 1]);
   }
-  void scale(int64_t kb, V16& d, V16& mn) const {
+  void scale(int t, int64_t kb, V16& d, V16& mn) const {
     constexpr int64_t kAhead = 4096 / sizeof(W) + 1;
-    const char* ahead = reinterpret_cast<const char*>(w + kb + kAhead);
+    const char* ahead = reinterpret_cast<const char*>(w + t * KB + kb + kAhead);
     for (size_t line = 0; line < sizeof(W); line += 64) __builtin_prefetch(ahead + line, 0, 3);
-    scales(w[kb], d, mn);
+    scales(w[t * KB + kb], d, mn);
   }
 };
 
-// the same pairs unpacked once ([KB][16 pairs][16 lanes] int32, scales [KB][2][16] fp32)
+// the same pairs unpacked once: per tile [KB][16 pairs][16 lanes] int32 and scales [KB][2][16] fp32
 struct ScratchPairs {
   const int32_t* pairs;
   const float* sc;
-  VI pair(int64_t kb, int p) const { return vi_load(pairs + (kb * (kBlockK / 2) + p) * kLanes); }
-  void scale(int64_t kb, V16& d, V16& mn) const {
-    d = vload(sc + kb * 2 * kLanes);
-    mn = vload(sc + (kb * 2 + 1) * kLanes);
+  int64_t KB;
+  VI pair(int t, int64_t kb, int p) const {
+    return vi_load(pairs + ((t * KB + kb) * (kBlockK / 2) + p) * kLanes);
+  }
+  void scale(int t, int64_t kb, V16& d, V16& mn) const {
+    d = vload(sc + ((t * KB + kb) * 2) * kLanes);
+    mn = vload(sc + ((t * KB + kb) * 2 + 1) * kLanes);
   }
 };
 
 template <typename W>
-void unpack(const TilePairs<W>& src, int64_t KB, std::vector<int32_t>& pairs, std::vector<float>& sc) {
-  pairs.resize(KB * (kBlockK / 2) * kLanes);
-  sc.resize(KB * 2 * kLanes);
-  for (int64_t kb = 0; kb < KB; ++kb) {
-    for (int p = 0; p < kBlockK / 2; ++p) vi_store(pairs.data() + (kb * (kBlockK / 2) + p) * kLanes, src.pair(kb, p));
-    V16 d, mn;
-    scales(src.w[kb], d, mn);
-    vstore(sc.data() + kb * 2 * kLanes, d);
-    vstore(sc.data() + (kb * 2 + 1) * kLanes, mn);
-  }
+void unpack(const TilePairs<W>& src, int tiles, std::vector<int32_t>& pairs, std::vector<float>& sc) {
+  const int64_t KB = src.KB;
+  pairs.resize(tiles * KB * (kBlockK / 2) * kLanes);
+  sc.resize(tiles * KB * 2 * kLanes);
+  for (int t = 0; t < tiles; ++t)
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      for (int p = 0; p < kBlockK / 2; ++p)
+        vi_store(pairs.data() + ((t * KB + kb) * (kBlockK / 2) + p) * kLanes, src.pair(t, kb, p));
+      V16 d, mn;
+      scales(src.w[t * KB + kb], d, mn);
+      vstore(sc.data() + ((t * KB + kb) * 2) * kLanes, d);
+      vstore(sc.data() + ((t * KB + kb) * 2 + 1) * kLanes, mn);
+    }
 }
 
-// MR rows (from m0) x one column tile (n0..n0 + 15)
-template <int MR, bool kMin, typename Src>
+// MR rows (from m0) x TN column tiles (from n0)
+template <int MR, int TN, bool kMin, typename Src>
 inline void fixed_block(const Fixed16& f, int64_t m0, const Src& src, float* y, int64_t N, int64_t n0,
                         const float* bias) {
   const int64_t K = f.K, KB = f.KB;
-  V16 acc[MR][1];
-  for (int m = 0; m < MR; ++m) acc[m][0] = vzero();
+  V16 acc[MR][TN];
+  for (int m = 0; m < MR; ++m)
+    for (int t = 0; t < TN; ++t) acc[m][t] = vzero();
   for (int64_t kb = 0; kb < KB; ++kb) {
-    VI sum[MR];
-    for (int m = 0; m < MR; ++m) sum[m] = vi_zero();
+    VI sum[MR][TN];
+    for (int m = 0; m < MR; ++m)
+      for (int t = 0; t < TN; ++t) sum[m][t] = vi_zero();
     const int16_t* pk = f.p.data() + m0 * K + kb * kBlockK;
     for (int p = 0; p < kBlockK / 2; ++p) {
-      const VI w = src.pair(kb, p);
+      VI w[TN];
+      for (int t = 0; t < TN; ++t) w[t] = src.pair(t, kb, p);
       for (int m = 0; m < MR; ++m) {
         int32_t xp;
         std::memcpy(&xp, pk + m * K + 2 * p, sizeof xp);
-        sum[m] = vi_dot2(sum[m], w, vi_set1(xp));
+        const VI x = vi_set1(xp);
+        for (int t = 0; t < TN; ++t) sum[m][t] = vi_dot2(sum[m][t], w[t], x);
       }
     }
-    V16 d, mn;
-    src.scale(kb, d, mn);
-    for (int m = 0; m < MR; ++m) {
-      const int64_t i = (m0 + m) * KB + kb;
-      acc[m][0] = vfma(d, vmul(vi_to_float(sum[m]), vset1(f.s[i])), acc[m][0]);
-      if constexpr (kMin) acc[m][0] = vfma(mn, vset1(f.c[i]), acc[m][0]);
+    for (int t = 0; t < TN; ++t) {
+      V16 d, mn;
+      src.scale(t, kb, d, mn);
+      for (int m = 0; m < MR; ++m) {
+        const int64_t i = (m0 + m) * KB + kb;
+        acc[m][t] = vfma(d, vmul(vi_to_float(sum[m][t]), vset1(f.s[i])), acc[m][t]);
+        if constexpr (kMin) acc[m][t] = vfma(mn, vset1(f.c[i]), acc[m][t]);
+      }
     }
   }
-  store_block<MR, 1>(acc, y + m0 * N, N, n0, bias);
+  store_block<MR, TN>(acc, y + m0 * N, N, n0, bias);
 }
 
-template <bool kMin, typename Src>
-void fixed_rows(const Fixed16& f, int64_t M, const Src& src, float* y, int64_t N, int64_t n0, const float* bias) {
-  int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) fixed_block<kRows, kMin>(f, m, src, y, N, n0, bias);
-  switch (M - m) {
-    case 1: fixed_block<1, kMin>(f, m, src, y, N, n0, bias); break;
-    case 2: fixed_block<2, kMin>(f, m, src, y, N, n0, bias); break;
-    case 3: fixed_block<3, kMin>(f, m, src, y, N, n0, bias); break;
-    case 4: fixed_block<4, kMin>(f, m, src, y, N, n0, bias); break;
-    case 5: fixed_block<5, kMin>(f, m, src, y, N, n0, bias); break;
-    case 6: fixed_block<6, kMin>(f, m, src, y, N, n0, bias); break;
-    case 7: fixed_block<7, kMin>(f, m, src, y, N, n0, bias); break;
-    case 8: fixed_block<8, kMin>(f, m, src, y, N, n0, bias); break;
-    case 9: fixed_block<9, kMin>(f, m, src, y, N, n0, bias); break;
-    case 10: fixed_block<10, kMin>(f, m, src, y, N, n0, bias); break;
-    default: break;
+// the last rows < a register block: one block of exactly that many
+template <int MR, int TN, bool kMin, typename Src>
+inline void fixed_tail(int64_t rows, const Fixed16& f, int64_t m0, const Src& src, float* y, int64_t N, int64_t n0,
+                       const float* bias) {
+  if constexpr (MR > 0) {
+    if (rows == MR) fixed_block<MR, TN, kMin>(f, m0, src, y, N, n0, bias);
+    else fixed_tail<MR - 1, TN, kMin>(rows, f, m0, src, y, N, n0, bias);
   }
+}
+
+template <int TN, bool kMin, typename Src>
+void fixed_rows(const Fixed16& f, int64_t M, const Src& src, float* y, int64_t N, int64_t n0, const float* bias) {
+  constexpr int R = kRowsFor<TN>;
+  int64_t m = 0;
+  for (; m + R <= M; m += R) fixed_block<R, TN, kMin>(f, m, src, y, N, n0, bias);
+  fixed_tail<R - 1, TN, kMin>(M - m, f, m, src, y, N, n0, bias);
 }
 
 template <typename W>
 void run_fixed(const Fixed16& f, int64_t M, const W* w, int64_t T, float* y, int64_t N, const float* bias) {
   constexpr bool kMin = std::is_same_v<W, Q4_1Tile>;
   const int64_t KB = f.KB;
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+  if (M <= kScratchRows) {  // each tile's pairs unpacked where they are used: one pass over the weights
+    at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) fixed_rows<1, kMin>(f, M, TilePairs<W>{w + t * KB, KB}, y, N, t * kLanes, bias);
+    });
+    return;
+  }
+  at::parallel_for(0, (T + 1) / 2, 1, [&](int64_t p0, int64_t p1) {  // tile pairs, unpacked once each
     std::vector<int32_t> pairs;
     std::vector<float> sc;
-    for (int64_t t = t0; t < t1; ++t) {
-      const TilePairs<W> tile{w + t * KB};
-      if (M > kScratchRows) {
-        unpack(tile, KB, pairs, sc);
-        fixed_rows<kMin>(f, M, ScratchPairs{pairs.data(), sc.data()}, y, N, t * kLanes, bias);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t t = 2 * p;
+      const TilePairs<W> tiles{w + t * KB, KB};
+      if (t + 1 < T) {
+        unpack(tiles, 2, pairs, sc);
+        fixed_rows<2, kMin>(f, M, ScratchPairs{pairs.data(), sc.data(), KB}, y, N, t * kLanes, bias);
       } else {
-        fixed_rows<kMin>(f, M, tile, y, N, t * kLanes, bias);
+        unpack(tiles, 1, pairs, sc);
+        fixed_rows<1, kMin>(f, M, ScratchPairs{pairs.data(), sc.data(), KB}, y, N, t * kLanes, bias);
       }
     }
   });

@@ -29,9 +29,10 @@ constexpr int kRowsFor = TN == 1 ? 11 : 6;
 // more rows than this: tile pairs are unpacked once into a scratch every row block reads
 constexpr int64_t kScratchRows = 2 * kRowsFor<1>;
 
-// x [M, K] in fixed point: p [M, K] int16; per row and block the scale s and s * sum(p) (both exact)
+// x [M, K] in fixed point, block-major so that a register block's rows sit at fixed offsets from one
+// pointer: p [KB][M][32] int16; s and s * sum(p) [KB][M] (both exact)
 struct Fixed16 {
-  int64_t K = 0, KB = 0;
+  int64_t M = 0, K = 0, KB = 0;
   std::vector<int16_t> p;
   std::vector<float> s, c;
 };
@@ -43,6 +44,7 @@ inline float from_bits(uint32_t bits) {
 }
 
 void to_fixed16(const float* x, int64_t sx, int64_t M, int64_t K, Fixed16& f) {
+  f.M = M;
   f.K = K;
   f.KB = K / kBlockK;
   f.p.resize(M * K);
@@ -52,7 +54,7 @@ void to_fixed16(const float* x, int64_t sx, int64_t M, int64_t K, Fixed16& f) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t b = 0; b < f.KB; ++b) {
         const float* xb = x + m * sx + b * kBlockK;
-        int16_t* pb = f.p.data() + m * K + b * kBlockK;
+        int16_t* pb = f.p.data() + (b * M + m) * kBlockK;
         const V16 lo = vload(xb), hi = vload(xb + kLanes);
         const bool finite = vfinite(lo) && vfinite(hi);
         const float amax = finite ? vmaxr(vmax(vabs(lo), vabs(hi))) : 0.f;
@@ -72,8 +74,8 @@ void to_fixed16(const float* x, int64_t sx, int64_t M, int64_t K, Fixed16& f) {
           for (int i = 0; i < kBlockK; ++i) sum += pb[i];
           c = s * static_cast<float>(sum);  // |sum| <= 2^20: exact
         }
-        f.s[m * f.KB + b] = s;
-        f.c[m * f.KB + b] = c;
+        f.s[b * M + m] = s;
+        f.c[b * M + m] = c;
       }
   });
 }
@@ -130,7 +132,7 @@ void unpack(const TilePairs<W>& src, int tiles, std::vector<int32_t>& pairs, std
 template <int MR, int TN, bool kMin, typename Src>
 inline void fixed_block(const Fixed16& f, int64_t m0, const Src& src, float* y, int64_t N, int64_t n0,
                         const float* bias) {
-  const int64_t K = f.K, KB = f.KB;
+  const int64_t M = f.M, KB = f.KB;
   V16 acc[MR][TN];
   for (int m = 0; m < MR; ++m)
     for (int t = 0; t < TN; ++t) acc[m][t] = vzero();
@@ -138,22 +140,28 @@ inline void fixed_block(const Fixed16& f, int64_t m0, const Src& src, float* y, 
     VI sum[MR][TN];
     for (int m = 0; m < MR; ++m)
       for (int t = 0; t < TN; ++t) sum[m][t] = vi_zero();
-    const int16_t* pk = f.p.data() + m0 * K + kb * kBlockK;
-    for (int p = 0; p < kBlockK / 2; ++p) {
+    const int16_t* pk = f.p.data() + (kb * M + m0) * kBlockK;
+    auto pair_step = [&](int p) {
       VI w[TN];
       for (int t = 0; t < TN; ++t) w[t] = src.pair(t, kb, p);
       for (int m = 0; m < MR; ++m) {
         int32_t xp;
-        std::memcpy(&xp, pk + m * K + 2 * p, sizeof xp);
+        std::memcpy(&xp, pk + m * kBlockK + 2 * p, sizeof xp);
         const VI x = vi_set1(xp);
         for (int t = 0; t < TN; ++t) sum[m][t] = vi_dot2(sum[m][t], w[t], x);
       }
+    };
+    if constexpr (MR * TN >= 4) {  // rolled, GCC copied every accumulator between registers once per pair
+#pragma GCC unroll 16
+      for (int p = 0; p < kBlockK / 2; ++p) pair_step(p);
+    } else {  // a lone row streams the weights: unrolled it was ~5% slower
+      for (int p = 0; p < kBlockK / 2; ++p) pair_step(p);
     }
     for (int t = 0; t < TN; ++t) {
       V16 d, mn;
       src.scale(t, kb, d, mn);
       for (int m = 0; m < MR; ++m) {
-        const int64_t i = (m0 + m) * KB + kb;
+        const int64_t i = kb * M + m0 + m;
         acc[m][t] = vfma(d, vmul(vi_to_float(sum[m][t]), vset1(f.s[i])), acc[m][t]);
         if constexpr (kMin) acc[m][t] = vfma(mn, vset1(f.c[i]), acc[m][t]);
       }

@@ -8,7 +8,8 @@
 // (relative error below 2^-15 of the block's largest value), not the weights: an identity row gives
 // the dequantized weights' bits (d q exact, + m rounded once), which gguf_weights' binding checks.
 // A row's bits depend on that row alone, never on the rows beside it nor on the threads, so greedy
-// verification stays exact. The fp32 stream and the fp32 products remain (SPECRAY_CPU_ACTIVATIONS).
+// verification stays exact. SPECRAY_CPU_ACTIVATIONS=float32 (kernels/cpu_native.py) selects the fp32
+// products instead, process-wide.
 #include <ATen/Parallel.h>
 
 #include <atomic>
@@ -32,7 +33,7 @@ constexpr int64_t kScratchRows = 2 * kRowsFor<1>;
 // x [M, K] in fixed point, block-major so that a register block's rows sit at fixed offsets from one
 // pointer: p [KB][M][32] int16; s and s * sum(p) [KB][M] (both exact)
 struct Fixed16 {
-  int64_t M = 0, K = 0, KB = 0;
+  int64_t M = 0, KB = 0;
   std::vector<int16_t> p;
   std::vector<float> s, c;
 };
@@ -45,7 +46,6 @@ inline float from_bits(uint32_t bits) {
 
 void to_fixed16(const float* x, int64_t sx, int64_t M, int64_t K, Fixed16& f) {
   f.M = M;
-  f.K = K;
   f.KB = K / kBlockK;
   f.p.resize(M * K);
   f.s.resize(M * f.KB);

@@ -30,6 +30,7 @@ why, and the model keeps the oneDNN products and the torch attention.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -152,12 +153,15 @@ def _try_load() -> tuple[bool, str | None]:
 ACTIVATIONS = {"int16": 16, "float32": 32}  # SPECRAY_CPU_ACTIVATIONS: what products over GGUF blocks multiply
 
 
+def _activations_named(mode: str, what: str) -> str:
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"{what}{mode!r} is not one of {', '.join(ACTIVATIONS)}")
+    return mode
+
+
 def activations_mode() -> str:
     """``SPECRAY_CPU_ACTIVATIONS``: ``int16`` (default: csrc/linear16.cpp) or ``float32`` (the fp32 model's bits)."""
-    value = os.environ.get("SPECRAY_CPU_ACTIVATIONS", "int16")
-    if value not in ACTIVATIONS:
-        raise ValueError(f"SPECRAY_CPU_ACTIVATIONS={value!r} is not one of {', '.join(ACTIVATIONS)}")
-    return value
+    return _activations_named(os.environ.get("SPECRAY_CPU_ACTIVATIONS", "int16"), "SPECRAY_CPU_ACTIVATIONS=")
 
 
 def _set_activations(mode: str) -> None:
@@ -167,13 +171,22 @@ def _set_activations(mode: str) -> None:
 def set_activations(mode: str) -> str:
     """What this process's products over GGUF blocks multiply from now on (``int16`` or ``float32``);
     returns the mode before. Tests and A/B benchmarks switch; a server keeps its environment's."""
-    if mode not in ACTIVATIONS:
-        raise ValueError(f"activations {mode!r} are not one of {', '.join(ACTIVATIONS)}")
+    _activations_named(mode, "activations ")
     if not load():
         raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
     before = {v: k for k, v in ACTIVATIONS.items()}[int(torch.ops.specray_cpu.product_activations())]
     _set_activations(mode)
     return before
+
+
+@contextlib.contextmanager
+def activations(mode: str):
+    """``set_activations(mode)`` for the ``with`` block, the mode before restored after it."""
+    before = set_activations(mode)
+    try:
+        yield
+    finally:
+        set_activations(before)
 
 
 def unavailable_reason() -> str | None:

@@ -148,21 +148,15 @@ def tiny_baseline(tiny_target_dir, tiny_prompts) -> list[list[int]]:
     return [o.token_ids for o in tiny_engine(tiny_target_dir).generate(tiny_prompts, params, concurrency=1)]
 
 
-def _activations(mode: str):
-    from kernels import cpu_native
-
-    before = cpu_native.set_activations(mode)
-    yield
-    cpu_native.set_activations(before)
-
-
 @pytest.fixture
 def fp32_activations():
     """Products over GGUF blocks multiply fp32 activations (the fp32 model's bits) during the test."""
-    yield from _activations("float32")
+    with cpu_native.activations("float32"):
+        yield
 
 
 @pytest.fixture
 def int16_activations():
     """Products over GGUF blocks multiply 16-bit fixed-point activations (the default) during the test."""
-    yield from _activations("int16")
+    with cpu_native.activations("int16"):
+        yield

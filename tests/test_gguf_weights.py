@@ -75,11 +75,8 @@ def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_di
     for a, b in zip(before, fixed):  # activations rounded to 15-16 bits: close, not the same bits
         assert float((b - a).abs().max()) < 1e-3 * float(a.abs().max())
     assert not all(torch.equal(a, b) for a, b in zip(before, fixed))
-    before_mode = cpu_native.set_activations("float32")
-    try:
+    with cpu_native.activations("float32"):
         assert all(torch.equal(a, b) for a, b in zip(before, forward()))  # fp32 activations: the same bits
-    finally:
-        cpu_native.set_activations(before_mode)
 
 
 def test_each_tensor_parallel_rank_caches_its_own_rows():

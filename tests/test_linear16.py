@@ -115,13 +115,10 @@ def test_zero_tiny_and_non_finite_rows(int16_activations):
 def test_the_switch_and_its_bad_values_are_named(monkeypatch):
     b = random_blocks("Q8_0", 20, 64, seed=9)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
-    before = cn.set_activations("float32")
-    try:  # float32: the fp32 product over the dequantized weights, bit for bit
+    with cn.activations("float32"):  # float32: the fp32 product over the dequantized weights, bit for bit
         assert torch.equal(cn.linear(x, gb.pack(b), 20), cn.linear(x, cn.pack_linear(gb.dequantize(b)), 20))
         assert cn.set_activations("int16") == "float32"
         assert not torch.equal(cn.linear(x, gb.pack(b), 20), cn.linear(x, cn.pack_linear(gb.dequantize(b)), 20))
-    finally:
-        cn.set_activations(before)
     with pytest.raises(ValueError, match="'int8'"):
         cn.set_activations("int8")
     with pytest.raises(RuntimeError, match="bits must be 16 .* got 8"):

@@ -6,8 +6,9 @@ row for row, some GGUF tensor's blocks. The rows are matched by a fingerprint of
 and a matrix is bound to its blocks only if their dequantization equals it bit for bit; the native
 product over the blocks then streams ~5.6x fewer bytes per decode step, multiplying the activations
 in 16-bit fixed point (the default, csrc/linear16.cpp) or, with SPECRAY_CPU_ACTIVATIONS=float32, in
-fp32 with the fp32 product's bits (the kernel rounds as the dequantization did). A matrix without an exact match (another
-file, a tensor-parallel shard split along its rows' length) keeps its fp32 product.
+fp32 with the fp32 product's bits (the kernel rounds as the dequantization did). A matrix without an
+exact match (another file, a tensor-parallel shard split along its rows' length) keeps its fp32
+product.
 
 The match reads the whole GGUF (~3 s for the default model); its result is cached next to the
 converted model (``gguf-tiles-v1.safetensors.cache`` in the content-keyed directory of

@@ -45,7 +45,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "linear.cpp", "linear16.cpp", "fused.cpp", "attention.cpp", "layers.cpp")
+SOURCES = ("ops.cpp", "linear.cpp", "linear16.cpp", "fused.cpp", "attention.cpp", "layers.cpp", "eagle.cpp")
 HEADERS = ("kernels.h", "vec16.h", "products.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
 
@@ -202,7 +202,8 @@ def _bind() -> None:
 
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
-        "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations")
+        "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
+        "top_logprobs", "head_step")
 
 
 def _first_call(name: str):
@@ -257,6 +258,12 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return _argmax_rows(x)
 
 
+def top_logprobs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, V] fp32 (rows contiguous) -> (values [N, k], indices [N, k] int64): ``torch.log_softmax(x,
+    -1).topk(k)`` (best first; equal values in index order) in three vector passes a row."""
+    return _top_logprobs(x, k)
+
+
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, h: int, kvh: int) -> torch.Tensor:
     """qkv [N, (h + 2 kvh) d]; cos/sin N rows of d/2; slot_mapping [N] int64; caches [blocks, bs, kvh, d]
@@ -300,6 +307,22 @@ def decoder_layers(x: torch.Tensor, weights: list[torch.Tensor], k_caches: list[
     weights: 10 per layer (csrc/layers.cpp: norms, packed matrices, biases or empty tensors)."""
     return _decoder_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, query_start_loc, kv_lens,
                            block_tables, windows_arg(windows), h, kvh, eps, scale, final_norm)
+
+
+def head_step(tokens: torch.Tensor, feats: torch.Tensor, embed: torch.Tensor, fc: torch.Tensor,
+              fc_bias: torch.Tensor | None, weights: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+              kv_lens: torch.Tensor, block_tables: torch.Tensor, windows: list[torch.Tensor | None] | None, h: int,
+              kvh: int, eps: float, scale: float, out_norm: torch.Tensor, lm: torch.Tensor, vocab: torch.Tensor,
+              score_rows: torch.Tensor, top_k: int) -> tuple[torch.Tensor, ...]:
+    """The EAGLE head's drafting step (csrc/eagle.cpp): tokens [N] int64 and feats [N, H] -> entries
+    ``fc(embed[tokens] | feats)`` through ``decoder_layers`` (one layer; writes its K/V) and
+    ``out_norm``; then for score_rows [R] int64: (their features [R, H], logits over the draft
+    vocabulary [R, Vd] from the packed LM rows ``lm``, top_k target ids [R, k] (``vocab``'s entries)
+    and their log-probabilities [R, k], as ``top_logprobs``)."""
+    return _head_step(tokens, feats, embed, fc, bias_arg(fc_bias), weights, k_cache, v_cache, cos, sin, slot_mapping,
+                      query_start_loc, kv_lens, block_tables, windows_arg(windows), h, kvh, eps, scale, out_norm, lm,
+                      vocab, score_rows, top_k)
 
 
 def main() -> int:

@@ -53,6 +53,15 @@ class HeadConfig:
                           min(draft_vocab_size, c.vocab_size), c.rope_scaling, target)
 
 
+@dataclass(frozen=True)
+class NativeWeights:
+    """The packed tensors the native drafting step reads (kernels/csrc/eagle.cpp)."""
+
+    fc: torch.Tensor  # fc's matrix, packed
+    layer: list  # the decoder layer's 10 tensors (EagleHead.layer_weights)
+    lm: torch.Tensor  # the LM head rows of the draft vocabulary, packed
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, w.shape, w, eps)
 
@@ -73,7 +82,7 @@ class EagleHead(nn.Module):
     # beside a target that runs them (build_eagle_proposer); training keeps these autograd-able ones
     norm = staticmethod(_rms)
     act = staticmethod(_silu_and_mul)
-    native_layer = False  # drafting steps run the layer as one native op (proposers/head_kv.native_head_layer)
+    native_layer = False  # drafting steps run as one native op (proposers/head_kv.native_head_step)
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -92,6 +101,7 @@ class EagleHead(nn.Module):
         self.embed: torch.Tensor | None = None  # [V, H] the target's input embedding (borrowed)
         self.lm_rows: torch.Tensor | None = None  # [Vd, H] the target's LM head rows of draft_vocab
         self.target_lm_head: torch.Tensor | None = None  # [V, H] the target's whole LM head (borrowed)
+        self._native: NativeWeights | None = None  # native_weights(), once looked up
 
     # ---- wiring to a target --------------------------------------------------------------
     def attach(self, target, target_name: str = "the target") -> "EagleHead":
@@ -100,6 +110,7 @@ class EagleHead(nn.Module):
         self.embed = target.embed_tokens.weight.detach()
         self.target_lm_head = target.lm_head.weight.detach()
         self.lm_rows = self.target_lm_head[self.draft_vocab].to(self.fc.weight.dtype).contiguous()
+        self._native = None
         return self
 
     def store_matrices(self, dtype: torch.dtype | str) -> bool:
@@ -108,7 +119,15 @@ class EagleHead(nn.Module):
         False where the products cannot (no native CPU kernels, or not an fp32 head)."""
         mats = [self.fc.weight, self.qkv.weight, self.o.weight, self.gate_up.weight, self.down.weight]
         mats += [self.lm_rows] if self.lm_rows is not None else []
+        self._native = None
         return all([store_as(w, dtype) for w in mats])
+
+    def native_weights(self) -> NativeWeights:
+        """The packed matrices of a drafting head (attached, fp32, matrices stored once by
+        ``store_matrices``), looked up once: a per-step lookup of its 13 tensors costs ~25 us."""
+        if self._native is None:
+            self._native = NativeWeights(reordered(self.fc.weight), self.layer_weights(), reordered(self.lm_rows))
+        return self._native
 
     def layer_weights(self) -> list[torch.Tensor]:
         """The decoder layer's tensors in ``kernels/csrc/layers.cpp``'s order, matrices packed as its

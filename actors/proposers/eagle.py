@@ -28,7 +28,7 @@ from actors.model.batch import to_device
 from actors.model.graph_runner import TOKENS_PER_SEQ
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
-from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, head_forward
+from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_scores, head_step
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
@@ -102,36 +102,39 @@ class EagleProposer(Proposer):
         self.catch_up_s = 0.0
         if not live:
             return trees
+        # the top-k each step's scores keep: the widest any depth takes
+        self.top_k = max([self.tree_width] + [max(reqs[i].expansion) for i in live])
         t0 = perf_counter()
-        feats, idx = self._catch_up([reqs[i] for i in live])  # [B, H] f̂ after the last committed entry
+        feats, scores, idx = self._catch_up([reqs[i] for i in live])  # f̂ [B, H] after the last committed entry
         self.catch_up_s = perf_counter() - t0
         dyn = [j for j, i in enumerate(live) if self.grows_tree(reqs[i])]
         if dyn:
-            for j, tree in zip(dyn, self._grow_trees([reqs[live[j]] for j in dyn], feats[dyn], [idx[j] for j in dyn])):
+            grown = self._grow_trees([reqs[live[j]] for j in dyn], feats[dyn], scores.take(dyn), [idx[j] for j in dyn])
+            for j, tree in zip(dyn, grown):
                 trees[live[j]] = tree
             keep = [j for j in range(len(live)) if j not in set(dyn)]
             if not keep:
                 return trees
-            live, idx, feats = [live[j] for j in keep], [idx[j] for j in keep], feats[keep]
+            live, idx, feats, scores = [live[j] for j in keep], [idx[j] for j in keep], feats[keep], scores.take(keep)
         tips = [0] * len(live)
         depth = 0
         while True:
-            toks = self._choose(feats, [reqs[i] for i in live], depth, trees, live, tips)
+            toks = self._choose(scores, [reqs[i] for i in live], depth, trees, live, tips)
             depth += 1
             go = [j for j, i in enumerate(live) if depth < len(reqs[i].expansion)]
             if not go:
                 return trees
             live, idx, tips = [live[j] for j in go], [idx[j] for j in go], [tips[j] for j in go]
-            feats = self._draft_step([toks[j] for j in go], feats[go], [reqs[i] for i in live], idx)
+            feats, scores = self._draft_step([toks[j] for j in go], feats[go], [reqs[i] for i in live], idx)
             idx = [a + 1 for a in idx]
 
     def _ready(self, r: DraftRequest) -> bool:
         st = self.states.get(r.seq_id)
         return bool(r.expansion) and st is not None and st.next_pos == r.root_position and bool(st.pending)
 
-    def _catch_up(self, reqs: list[DraftRequest]) -> tuple[torch.Tensor, list[int]]:
-        """Feed every pending (x_{t+1}, f_t) entry; returns f̂ of each sequence's last entry [B, H]
-        and the cache index where each sequence's first speculative entry goes."""
+    def _catch_up(self, reqs: list[DraftRequest]) -> tuple[torch.Tensor, HeadScores, list[int]]:
+        """Feed every pending (x_{t+1}, f_t) entry; returns f̂ of each sequence's last entry [B, H],
+        the head's scores of it and the cache index where each sequence's first speculative entry goes."""
         toks, feats, pos, sizes = [], [], [], []
         for r in reqs:
             st = self.states[r.seq_id]
@@ -141,23 +144,25 @@ class EagleProposer(Proposer):
             feats.append(f)
             pos += range(start, start + len(f))
             sizes.append(len(f))
-        out = self._block(toks, torch.cat(feats), pos, reqs, sizes, committed=True)
-        last = to_device(np.cumsum(sizes).tolist(), self.device) - 1
-        return out[last], [self.states[r.seq_id].fed for r in reqs]
+        last = (np.cumsum(sizes) - 1).tolist()
+        out, scores = self._block(toks, torch.cat(feats), pos, reqs, sizes, committed=True, score=last)
+        return out, scores, [self.states[r.seq_id].fed for r in reqs]
 
     def _draft_step(self, toks: list[int], feats: torch.Tensor, reqs: list[DraftRequest],
-                    idx: list[int]) -> torch.Tensor:
-        """One speculative entry per sequence at cache index idx (not committed) -> f̂ [B, H]."""
+                    idx: list[int]) -> tuple[torch.Tensor, HeadScores]:
+        """One speculative entry per sequence at cache index idx (not committed) -> f̂ [B, H], its scores."""
         pos = [self.states[r.seq_id].base + i for r, i in zip(reqs, idx)]
         return self._block(toks, feats, pos, reqs, [1] * len(reqs), committed=False, at=idx)
 
     def _block(self, toks: list[int], feats: torch.Tensor, pos: list[int], reqs, sizes, committed: bool,
-               at: list[int] | None = None, windows: list | None = None) -> torch.Tensor:
+               at: list[int] | None = None, windows: list | None = None,
+               score: list[int] | None = None) -> tuple[torch.Tensor, HeadScores]:
         """One head forward over every sequence's new entries, tokens ``toks`` at RoPE positions
         ``pos`` with feats [N, H]; sequence j's ``sizes[j]`` entries go at cache indices from its
         ``fed`` (committed) or ``at[j]``; ``windows[j]`` [n_j, w] bool: which of the last w entries
         each one sees (None: causal). One attention call for the batch, through the pool's block
-        tables, replayed as a CUDA graph where one is captured -> f̂ [N, H]."""
+        tables, replayed as a CUDA graph where one is captured -> f̂ of the rows ``score`` (None: all)
+        [R, H] and the head's scores of them (its top ``self.top_k``)."""
         chunks, o = [], 0
         for j, (r, n) in enumerate(zip(reqs, sizes)):
             st = self.states[r.seq_id]
@@ -168,22 +173,23 @@ class EagleProposer(Proposer):
             o += n
             if committed:
                 st.fed, st.pending = st.fed + n, []
+        score = list(range(o)) if score is None else score
         out = None if self.graphs is None else self.graphs.run(chunks, feats)
-        if out is not None:
-            return out[:o].clone()  # the graph's static output: this step's rows, kept past the next replay
+        if out is not None:  # the graph's static output: this step's rows, kept past the next replay
+            picked = out[:o].clone() if len(score) == o else out[to_device(score, self.device)]
+            return picked, head_scores(self.head, picked, self.top_k)
         batch = build_forward_batch(chunks, self.kv.block_size, self.device)
-        return head_forward(self.head, batch, feats, self.kv, self.attend)
+        return head_step(self.head, batch, feats, self.kv, self.attend, score, self.top_k)
 
-    def _choose(self, feats, reqs, depth, trees, live, tips) -> list[int]:
-        """Add depth+1's nodes under each chain tip; returns the token each chain continues with."""
-        logits = self.head.logits(feats).float()  # [B, Vd]
-        vocab = self.head.draft_vocab
-        top = self._greedy_top(logits, reqs, [r.expansion[depth] for r in reqs], with_logprobs=False)
+    def _choose(self, scores: HeadScores, reqs, depth, trees, live, tips) -> list[int]:
+        """Add depth+1's nodes under each chain tip from the head's ``scores`` of it; returns the
+        token each chain continues with."""
+        logits, vocab = scores.logits, self.head.draft_vocab  # [B, Vd]
         nxt = []
         for j, (i, r) in enumerate(zip(live, reqs)):
             width, tree = r.expansion[depth], trees[i]
             if r.params.greedy:
-                picks = top[j][0][:width]
+                picks = scores.ids[j][:width]
                 nodes = [tree.add(tips[j], t) for t in picks]
             elif r.params.seed is None:  # draws from q, siblings distinct: multi-step speculative sampling
                 p = r.params
@@ -201,24 +207,6 @@ class EagleProposer(Proposer):
             tips[j] = nodes[0]
             nxt.append(picks[0])
         return nxt
-
-    def _greedy_top(self, logits: torch.Tensor, reqs: list[DraftRequest], widths: list[int],
-                    with_logprobs: bool) -> dict[int, tuple[list[int], list[float]]]:
-        """logits [R, Vd]: for every row of a greedy request, its top-``widths[row]`` draft tokens
-        (target ids) and, if asked, their log-probabilities; one top-k over the rows and one read back
-        (each row's own top-k would read back once per row: a device sync each on CUDA)."""
-        rows = [i for i, r in enumerate(reqs) if r.params.greedy]
-        if not rows:
-            return {}
-        sel = logits if len(rows) == len(reqs) else logits[to_device(rows, logits.device)]
-        scores = torch.log_softmax(sel, -1) if with_logprobs else sel
-        top = scores.topk(max(widths[i] for i in rows))
-        toks = self.head.draft_vocab[top.indices]
-        both = torch.cat((toks.to(top.values.dtype), top.values)) if with_logprobs else toks
-        flat = both.tolist()
-        n = len(rows)
-        return {i: ([int(t) for t in flat[k]][: widths[i]], flat[n + k][: widths[i]] if with_logprobs else [])
-                for k, i in enumerate(rows)}
 
     def _whole_vocab(self, q_small: torch.Tensor) -> torch.Tensor:
         """q_small [..., Vd] over the draft vocabulary -> [..., V] over the target's (0 outside the
@@ -241,9 +229,11 @@ class EagleProposer(Proposer):
         from q); their chain gets tree_width distinct draws at the first depth instead."""
         return self.tree_width if source == self.name else 1
 
-    def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, idx: list[int]) -> list[TokenTree]:
-        """feats [B, H]: f̂ after each request's last committed entry; idx: the cache index of its
-        first speculative entry. One batched head forward per depth over every frontier node."""
+    def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, scores: HeadScores,
+                    idx: list[int]) -> list[TokenTree]:
+        """feats [B, H]: f̂ after each request's last committed entry, ``scores`` the head's of them;
+        idx: the cache index of its first speculative entry. One batched head forward per depth over
+        every frontier node."""
         w = self.tree_width
         pools = [DraftPool(r.token_ids[-1]) for r in reqs]
         rows = [(j, -1) for j in range(len(reqs))]  # (request, pool node whose children the row scores)
@@ -251,40 +241,38 @@ class EagleProposer(Proposer):
         nxt = list(idx)
         for depth in range(max(len(r.expansion) for r in reqs)):
             added = [[] for _ in reqs]
-            for (j, parent), cands in zip(rows, self._candidates(feats, rows, reqs, depth)):
+            for (j, parent), cands in zip(rows, self._candidates(scores, rows, reqs, depth)):
                 added[j] += [pools[j].add(parent, tok, lp) for tok, lp in cands]
             grow = [j for j, r in enumerate(reqs) if depth + 1 < len(r.expansion)]
             front = [(j, c) for j in grow for c in pools[j].best(added[j], w)]
             if not front:
                 break
             src = {row: i for i, row in enumerate(rows)}
-            feats = self._tree_step(front, feats[[src[(j, pools[j].parents[c])] for j, c in front]],
-                                    pools, reqs, idx, entry, nxt)
+            feats, scores = self._tree_step(front, feats[[src[(j, pools[j].parents[c])] for j, c in front]],
+                                            pools, reqs, idx, entry, nxt)
             rows = front
         return [p.to_tree(r.max_nodes) for p, r in zip(pools, reqs)]
 
-    def _candidates(self, feats, rows, reqs, depth) -> list[list[tuple[int, float]]]:
+    def _candidates(self, scores: HeadScores, rows, reqs, depth) -> list[list[tuple[int, float]]]:
         """Per row: the ``tree_width`` best next tokens and their draft log-probabilities."""
-        logits = self.head.logits(feats).float()  # [R, Vd]
-        vocab, w = self.head.draft_vocab, self.tree_width
-        row_reqs = [reqs[j] for j, _ in rows]
-        top = self._greedy_top(logits, row_reqs, [w] * len(rows), with_logprobs=True)
+        logits, vocab, w = scores.logits, self.head.draft_vocab, self.tree_width  # [R, Vd]
         out = []
         for row, (j, _) in enumerate(rows):
             r = reqs[j]
             if r.params.greedy:
-                out.append(list(zip(*top[row])))
+                out.append(list(zip(scores.ids[row][:w], scores.logprobs[row][:w])))
                 continue
             p = r.params
             q_small = logits_to_probs(logits[row], p.temperature, p.top_k, p.top_p)
-            rows = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
-                                  r.root_position + depth + 1, w)
-            out.append(list(zip(vocab[rows].tolist(), q_small[rows].clamp_min(1e-30).log().tolist())))
+            picks = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
+                                   r.root_position + depth + 1, w)
+            out.append(list(zip(vocab[picks].tolist(), q_small[picks].clamp_min(1e-30).log().tolist())))
         return out
 
-    def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> torch.Tensor:
+    def _tree_step(self, front, feats, pools, reqs, idx, entry, nxt) -> tuple[torch.Tensor, HeadScores]:
         """Head entries for the frontier nodes ``front`` [(request, pool node)] from their parents'
-        feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H]."""
+        feats [R, H]; each attends to its request's context, its ancestors and itself -> f̂ [R, H] and
+        the head's scores of each."""
         toks = [pools[j].tokens[c] for j, c in front]
         pos = [reqs[j].root_position + pools[j].depths[c] - 1 for j, c in front]
         order = list(dict.fromkeys(j for j, _ in front))  # front lists each request's nodes together, in order

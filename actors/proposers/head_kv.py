@@ -20,11 +20,13 @@ fixed: the graphs hold its tensors.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from actors.model.attention import allocate_kv_cache
 from actors.model.attention_backends import native_meta
-from actors.model.batch import ForwardBatch
+from actors.model.batch import ForwardBatch, host_int64
 from actors.model.graph_runner import MAX_GRAPH_TOKENS, GraphRunner
 from kernels import cpu_native
 
@@ -80,27 +82,63 @@ class HeadKVPool:
         self.free = list(range(new - 1, old - 1, -1)) + self.free
 
 
+@dataclass(slots=True)
+class HeadScores:
+    """What the head says of some rows (R): logits [R, Vd] fp32 over its draft vocabulary, and per row
+    its ``k`` likeliest tokens (the target's ids) with their log-probabilities, best first."""
+
+    logits: torch.Tensor
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+    def take(self, rows: list[int]) -> "HeadScores":
+        sel = self.logits[host_int64(rows).to(self.logits.device)]
+        return HeadScores(sel, [self.ids[i] for i in rows], [self.logprobs[i] for i in rows])
+
+
+def head_scores(head, feats: torch.Tensor, k: int) -> HeadScores:
+    """feats [R, H] -> the head's scores of each row: ``log_softmax(logits).topk(k)`` read back once
+    (one sync on CUDA, not one per row)."""
+    logits = head.logits(feats).float()  # [R, Vd]
+    top = torch.log_softmax(logits, -1).topk(k)
+    both = torch.cat((head.draft_vocab[top.indices].to(top.values.dtype), top.values)).tolist()
+    r = logits.shape[0]
+    return HeadScores(logits, [[int(t) for t in row] for row in both[:r]], both[r:])
+
+
+def head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, attend, score: list[int],
+              k: int) -> tuple[torch.Tensor, HeadScores]:
+    """The head's step over ``batch`` (``head_forward``), then its scores of the rows ``score`` (the
+    ones drafted from next) -> (f̂ of those rows [R, H], their HeadScores). With the native CPU kernels
+    this is one op (``cpu_native.head_step``: the same kernels in the same order)."""
+    if head.native_layer:
+        return native_head_step(head, batch, feats, pool, score, k)
+    out = head_forward(head, batch, feats, pool, attend)
+    picked = out if len(score) == out.shape[0] else out[host_int64(score).to(out.device)]
+    return picked, head_scores(head, picked, k)
+
+
 def head_forward(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, attend) -> torch.Tensor:
     """The head's step over ``batch`` (its input_ids are the tokens x_{t+1}, positions the RoPE
     positions, slots in ``pool``): feats [N, H] -> f̂ [N, H]. Writes the step's K/V first."""
     h = head.entry(batch.input_ids, feats)
-    if head.native_layer:
-        return native_head_layer(head, h, batch, pool)
     q = head.qkv_rope_write(h, batch.positions, batch.slot_mapping, pool.k, pool.v)  # [N, nh, d]
     attn = attend(q, pool.k, pool.v, batch, head.cfg.head_dim ** -0.5)
     return head.finish(h, attn.reshape(attn.shape[0], -1))
 
 
-def native_head_layer(head, h: torch.Tensor, batch: ForwardBatch, pool: HeadKVPool) -> torch.Tensor:
-    """The head's decoder layer and output norm as one ``cpu_native.decoder_layers`` op (the kernels
-    ``head_forward`` calls one by one, in its order: the same bits, ~60 fewer Python-side ops per
-    step): h [N, H] residual input -> f̂ [N, H]. Writes the step's K/V."""
-    c = head.cfg
+def native_head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, score: list[int],
+                     k: int) -> tuple[torch.Tensor, HeadScores]:
+    """``head_step`` as one ``cpu_native.head_step`` op (entries, the decoder layer, the output norm,
+    the LM rows and their top-k): ~40 fewer Python-side ops and calls per step. Writes the step's K/V."""
+    c, w = head.cfg, head.native_weights()
     cos, sin = head.rotary.cos_sin(batch.positions)
     qsl, kv_lens, tables, windows = native_meta(batch)
-    return cpu_native.decoder_layers(h, head.layer_weights(), [pool.k], [pool.v], cos, sin, batch.slot_mapping, qsl,
-                                     kv_lens, tables, windows, c.num_heads, c.num_kv_heads, c.rms_norm_eps,
-                                     c.head_dim ** -0.5, head.out_norm)
+    picked, logits, ids, logprobs = cpu_native.head_step(
+        batch.input_ids, feats, head.embed, w.fc, head.fc.bias, w.layer, pool.k, pool.v, cos, sin, batch.slot_mapping,
+        qsl, kv_lens, tables, windows, c.num_heads, c.num_kv_heads, c.rms_norm_eps, c.head_dim ** -0.5, head.out_norm,
+        w.lm, head.draft_vocab, host_int64(score), k)
+    return picked, HeadScores(logits, ids.tolist(), logprobs.tolist())
 
 
 class HeadGraphRunner(GraphRunner):

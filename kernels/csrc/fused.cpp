@@ -1,5 +1,6 @@
 // Row-wise small ops of the decoder layer, each one pass over its rows: RMSNorm (with the residual
-// add), SiLU-and-multiply, and RoPE fused with the KV-cache write; and the argmax of logits' rows. Rows are independent: threads
+// add), SiLU-and-multiply, and RoPE fused with the KV-cache write; and the argmax and the top-k
+// log-probabilities of logits' rows. Rows are independent: threads
 // split rows, and a row's reductions run in one fixed order (vec16.h).
 #include "kernels.h"
 
@@ -148,6 +149,94 @@ at::Tensor argmax_rows(const at::Tensor& x) {
     for (int64_t r = r0; r < r1; ++r) op[r] = argmax_row(xp + r * sx, V);
   });
   return out;
+}
+
+namespace {
+
+// a ranks above b as torch.topk orders values: a NaN above every number, then by value
+inline bool ranks_above(float a, float b) { return a > b || (std::isnan(a) && !std::isnan(b)); }
+
+// the k best of x[0, V) (k <= V) -> idx[0, k), best first; equal values keep their order (the lower
+// index first). `vector`: no NaN in x, so lanes are screened against the current k-th value first.
+void top_indices(const float* x, int64_t V, int64_t k, bool vector, int64_t* idx) {
+  int64_t n = 0;
+  auto insert = [&](int64_t j) {  // x[j] joins the n best (the k-th leaves when there are k)
+    int64_t p = std::min(n, k - 1);
+    while (p > 0 && ranks_above(x[j], x[idx[p - 1]])) {
+      idx[p] = idx[p - 1];
+      --p;
+    }
+    idx[p] = j;
+    n += n < k;
+  };
+  int64_t j = 0;
+  for (; j < k; ++j) insert(j);
+  if (vector)
+    for (; j + kLanes <= V; j += kLanes)
+      for (unsigned m = vgt_mask(vload(x + j), x[idx[k - 1]]); m; m &= m - 1) {
+        const int64_t at = j + __builtin_ctz(m);
+        if (x[at] > x[idx[k - 1]]) insert(at);  // the k-th value may have risen within this group
+      }
+  for (; j < V; ++j)
+    if (ranks_above(x[j], x[idx[k - 1]])) insert(j);
+}
+
+// log(sum(exp(x - m))) over a row whose values are all finite, m its maximum
+float log_sum_exp_finite(const float* x, int64_t V, float m) {
+  const V16 mv = vset1(m);
+  V16 acc = vzero();
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) acc = vadd(acc, vexp(vsub(vload(x + j), mv)));
+  float s = vsum(acc);
+  for (; j < V; ++j) s += std::exp(x[j] - m);
+  return std::log(s);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k) {
+  check_rows(x, "top_logprobs: x");
+  const int64_t N = x.size(0), V = x.size(1);
+  TORCH_CHECK(k >= 0 && k <= V, "top_logprobs: k=", k, " must be in [0, ", V, "] (the row length)");
+  at::Tensor values = at::empty({N, k}, x.options()), indices = at::empty({N, k}, x.options().dtype(at::kLong));
+  if (k == 0) return {values, indices};
+  const float* xp = x.const_data_ptr<float>();
+  float* vp = values.mutable_data_ptr<float>();
+  int64_t* ip = indices.mutable_data_ptr<int64_t>();
+  const int64_t sx = x.stride(0);
+  at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = xp + r * sx;
+      V16 mx = vset1(-std::numeric_limits<float>::infinity()), bad = vzero();
+      int64_t j = 0;
+      for (; j + kLanes <= V; j += kLanes) {
+        const V16 v = vload(row + j);
+        mx = vmax(mx, v);
+        bad = vadd(bad, vsub(v, v));  // NaN unless every value is finite
+      }
+      float m = vmaxr(mx), b = vsum(bad);
+      for (; j < V; ++j) {
+        m = std::max(m, row[j]);
+        b += row[j] - row[j];
+      }
+      const bool finite = b == 0.f;
+      float lse;  // log-sum-exp less the maximum
+      if (finite) {
+        lse = log_sum_exp_finite(row, V, m);
+      } else {  // torch's answers: NaN everywhere once a NaN or an infinity is involved (-inf alone is fine)
+        double s = 0.;
+        bool nan = false;
+        for (j = 0; j < V; ++j) nan = nan || std::isnan(row[j]);
+        m = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+        for (j = 0; j < V; ++j) s += std::exp(static_cast<double>(row[j] - m));
+        lse = static_cast<float>(std::log(s));
+      }
+      int64_t* top = ip + r * k;
+      top_indices(row, V, k, finite, top);
+      for (int64_t i = 0; i < k; ++i) vp[r * k + i] = (row[top[i]] - m) - lse;
+    }
+  });
+  return {values, indices};
 }
 
 at::Tensor silu_and_mul(const at::Tensor& x, const at::Tensor& result) {

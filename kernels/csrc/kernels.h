@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <tuple>
 
 #include "vec16.h"
 
@@ -65,6 +66,9 @@ at::Tensor rmsnorm_residual(at::Tensor& x, const at::Tensor& residual, const at:
 at::Tensor silu_and_mul(const at::Tensor& x, const at::Tensor& out = at::Tensor());
 // x [N, V] -> int64 [N]: torch.argmax(x, -1) (the first maximum; the first NaN where there is one)
 at::Tensor argmax_rows(const at::Tensor& x);
+// x [N, V] -> (values [N, k], indices [N, k] int64): torch.log_softmax(x, -1).topk(k), best first; equal
+// values in index order
+std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k);
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
                          const at::Tensor& out = at::Tensor());
@@ -81,5 +85,15 @@ at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::Tenso
                           const at::Tensor& query_start_loc, const at::Tensor& kv_lens, const at::Tensor& block_tables,
                           at::TensorList windows, int64_t h, int64_t kvh, double eps, double scale,
                           const at::Tensor& final_norm);
+
+// eagle.cpp: the EAGLE head's drafting step -> (features of score_rows [R, H], their logits [R, Vd],
+// top-k target ids [R, k] int64 (vocab's entries), their log-probabilities [R, k])
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_step(
+    const at::Tensor& tokens, const at::Tensor& feats, const at::Tensor& embed, const at::Tensor& fc,
+    const at::Tensor& fc_bias, at::TensorList weights, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots, const at::Tensor& query_start_loc,
+    const at::Tensor& kv_lens, const at::Tensor& block_tables, at::TensorList windows, int64_t h, int64_t kvh,
+    double eps, double scale, const at::Tensor& out_norm, const at::Tensor& lm, const at::Tensor& vocab,
+    const at::Tensor& score_rows, int64_t top_k);
 
 }  // namespace specray

@@ -47,4 +47,10 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
         "Tensor slots, Tensor query_start_loc, Tensor kv_lens, Tensor block_tables, Tensor[] windows, "
         "int h, int kvh, float eps, float scale, Tensor final_norm) -> Tensor",
         &specray::decoder_layers);
+  m.def("top_logprobs(Tensor x, int k) -> (Tensor, Tensor)", &specray::top_logprobs);
+  m.def("head_step(Tensor tokens, Tensor feats, Tensor embed, Tensor fc, Tensor fc_bias, Tensor[] weights, "
+        "Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor slots, Tensor query_start_loc, "
+        "Tensor kv_lens, Tensor block_tables, Tensor[] windows, int h, int kvh, float eps, float scale, "
+        "Tensor out_norm, Tensor lm, Tensor vocab, Tensor score_rows, int top_k) -> (Tensor, Tensor, Tensor, Tensor)",
+        &specray::head_step);
 }

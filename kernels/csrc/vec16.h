@@ -60,6 +60,10 @@ inline int vfirst_eq(V16 a, float m) {
   const __mmask16 eq = _mm512_cmp_ps_mask(a.v, _mm512_set1_ps(m), _CMP_EQ_OQ);
   return eq ? __builtin_ctz(static_cast<unsigned>(eq)) : -1;
 }
+// bit i set where lane i is greater than t (false for NaN lanes)
+inline unsigned vgt_mask(V16 a, float t) {
+  return static_cast<unsigned>(_mm512_cmp_ps_mask(a.v, _mm512_set1_ps(t), _CMP_GT_OQ));
+}
 // rows r[0..15] (16 lanes each) -> r[i] holds lane i of every input row: r[i][k] = old r[k][i]
 inline void transpose16(V16 r[16]) {
   __m512 t[16];
@@ -179,6 +183,7 @@ inline float vsum(V16 a) {
 }
 inline float vmaxr(V16 a) { float m = a.v[0]; for (int i = 1; i < kLanes; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
 inline int vfirst_eq(V16 a, float m) { for (int i = 0; i < kLanes; ++i) if (a.v[i] == m) return i; return -1; }
+inline unsigned vgt_mask(V16 a, float t) { unsigned m = 0; SPECRAY_LANES m |= (a.v[i] > t ? 1u : 0u) << i; return m; }
 inline void transpose16(V16 r[16]) {
   V16 t[16];
   for (int i = 0; i < kLanes; ++i)

@@ -95,6 +95,17 @@ struct Scratch {
 
 inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)); }
 
+// keys and values are read a key at a time through the block tables (one head's d elements of every
+// kvh * d), a pattern the hardware prefetchers follow poorly: each key's lines are asked for this
+// many keys ahead
+constexpr int64_t kPrefetchKeys = 32;
+
+template <typename T>
+inline void prefetch_key(const T* row, int64_t d) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
 // scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time (Whole: the head dim is a
 // multiple of 16, no masked loads)
 template <bool Whole, typename T>
@@ -104,6 +115,8 @@ void score_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* sl
   const int chunks = static_cast<int>((d + kLanes - 1) / kLanes);
   for (int64_t p0 = 0; p0 < keys; p0 += kLanes) {
     const int n = static_cast<int>(std::min<int64_t>(kLanes, keys - p0));
+    for (int64_t a = p0 + kPrefetchKeys; a < std::min(keys, p0 + kPrefetchKeys + kLanes); ++a)
+      prefetch_key(cache.k + slots[a] * cache.slot_stride, d);
     const T* kp[kLanes];
     for (int i = 0; i < kLanes; ++i) kp[i] = i < n ? cache.k + slots[p0 + i] * cache.slot_stride : zeros;
     V16 acc[kMaxRows];
@@ -193,6 +206,7 @@ void weigh_group(const Row* rows, const Cache<T>& cache, const int64_t* slots, i
   }
   shared = std::min(shared, last);  // keys [0, shared) are visible to every row: no checks
   for (int64_t p = 0; p < shared; ++p) {
+    if (p + kPrefetchKeys < last) prefetch_key(cache.v + slots[p + kPrefetchKeys] * cache.slot_stride, d);
     V16 vv[NC];
     load_value<NC, Whole>(cache.v + slots[p] * cache.slot_stride, d, vv);
     for (int g = 0; g < G; ++g) {

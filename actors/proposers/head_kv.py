@@ -108,8 +108,9 @@ def head_scores(head, feats: torch.Tensor, k: int) -> HeadScores:
 
 def head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, attend, score: list[int],
               k: int) -> tuple[torch.Tensor, HeadScores]:
-    """The head's step over ``batch`` (``head_forward``), then its scores of the rows ``score`` (the
-    ones drafted from next) -> (f̂ of those rows [R, H], their HeadScores). With the native CPU kernels
+    """The head's step over ``batch`` (``head_forward``), then its scores of the rows ``score``
+    (ascending row indices: the ones drafted from next) -> (f̂ of those rows [R, H], their
+    HeadScores). With the native CPU kernels
     this is one op (``cpu_native.head_step``: the same kernels in the same order)."""
     if head.native_layer:
         return native_head_step(head, batch, feats, pool, score, k)

@@ -162,12 +162,15 @@ def test_paged_attention_matches_the_reference(case, h, kvh, bs):
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
-def test_a_tree_node_gets_exactly_the_bits_of_plain_decoding_its_path():
+@pytest.mark.parametrize("ctx", [21, 250, 520])
+def test_a_tree_node_gets_exactly_the_bits_of_plain_decoding_its_path(ctx):
     """The node's visible keys (context + its ancestors, siblings masked) and the same keys laid out
-    one after another, as plain decoding of that path writes them: bit-identical outputs."""
-    h, kvh, d, bs, ctx = 6, 2, 32, 16, 21
-    k_cache, v_cache = _caches(8, bs, kvh, d, seed=9)
-    table = torch.tensor([[3, 6, 1]])
+    one after another, as plain decoding of that path writes them: bit-identical outputs, also over
+    long contexts (and any split of the keys a kernel might make there must keep it so)."""
+    h, kvh, d, bs = 6, 2, 32, 16
+    blocks = -(-(ctx + len(TREE)) // bs)
+    k_cache, v_cache = _caches(blocks + 5, bs, kvh, d, seed=9)
+    table = torch.randperm(blocks + 5, generator=_gen(ctx))[:blocks].unsqueeze(0)
     q = torch.randn(len(TREE), h, d, generator=_gen(10))
     tree = [ancestor_mask(TREE)]
     kv = ctx + len(TREE)
@@ -220,6 +223,34 @@ def test_a_token_tree_gets_the_same_bits_in_narrow_and_wide_items():
     assert torch.equal(alone, together[:n])
     torch.testing.assert_close(alone, paged_attention_ref(q[:n], k_cache, v_cache, torch.tensor([0, n]), lens[:1],
                                                           tables[:1], 0.25, [mask]), rtol=2e-5, atol=2e-5)
+
+
+def test_long_rows_match_the_reference_and_get_the_same_bits_alone_and_in_a_batch():
+    """Long rows: a lone decode (its 3 KV heads, 3 items for 2 threads) and a lone tree (narrow items)
+    must get the bits they get as items among others, and match the reference."""
+    h, kvh, d, bs = 9, 3, 64, 16
+    q_lens, kv_lens = [1, 20, len(TREE)], [700, 300, 530]
+    num = sum(-(-kv // bs) for kv in kv_lens) + 4
+    k_cache, v_cache = _caches(num, bs, kvh, d, seed=31)
+    qsl, lens, tables = _batch(q_lens, kv_lens, bs, num, seed=32)
+    windows = [None, None, ancestor_mask(TREE)]
+    q = torch.randn(int(qsl[-1]), h, d, generator=_gen(33))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = cn.paged_attention(q, k_cache, v_cache, qsl, lens, tables, 0.125, windows)
+        alone = cn.paged_attention(q[:1], k_cache, v_cache, torch.tensor([0, 1]), lens[:1], tables[:1], 0.125)
+        tree = cn.paged_attention(q[21:], k_cache, v_cache, torch.tensor([0, len(TREE)]), lens[2:], tables[2:], 0.125,
+                                  windows[2:])
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(together, paged_attention_ref(q, k_cache, v_cache, qsl, lens, tables, 0.125, windows),
+                               rtol=2e-5, atol=2e-5)
+    assert torch.equal(alone[0], together[0]) and torch.equal(tree, together[21:])
+    bf_k, bf_v = k_cache.bfloat16(), v_cache.bfloat16()  # a bf16 cache: the same arithmetic on widened values
+    assert torch.equal(cn.paged_attention(q[:1], bf_k, bf_v, torch.tensor([0, 1]), lens[:1], tables[:1], 0.125),
+                       cn.paged_attention(q[:1], bf_k.float(), bf_v.float(), torch.tensor([0, 1]), lens[:1],
+                                          tables[:1], 0.125))
 
 
 # ---------------------------------------------------------------- top-k log-probabilities

@@ -253,34 +253,6 @@ def test_long_rows_match_the_reference_and_get_the_same_bits_alone_and_in_a_batc
                                           tables[:1], 0.125))
 
 
-# ---------------------------------------------------------------- top-k log-probabilities
-
-@pytest.mark.parametrize("v, k", [(1, 1), (17, 5), (100, 17), (8192, 3), (49152, 8)])
-def test_top_logprobs_is_log_softmax_topk(v, k):
-    """Drafting reads each row's k likeliest tokens and their log-probabilities from it."""
-    x = torch.randn(4, v, generator=_gen(v + k)) * 4
-    values, indices = cn.top_logprobs(x, k)
-    ref = torch.log_softmax(x, -1).topk(k)
-    assert torch.equal(indices, ref.indices)
-    torch.testing.assert_close(values, ref.values, rtol=0, atol=2e-6)
-    alone = cn.top_logprobs(x[2:3].clone(), k)
-    assert torch.equal(alone[0][0], values[2]) and torch.equal(alone[1][0], indices[2])
-
-
-def test_top_logprobs_orders_ties_by_index_and_keeps_torchs_answers_for_odd_rows():
-    x = torch.tensor([[0., 2., 1., 2., 2., -1.] * 3,
-                      [float("-inf"), 3., float("-inf"), 1.] + [float("-inf")] * 14,
-                      [0., float("nan"), 5., 1.] + [0.] * 14])
-    values, indices = cn.top_logprobs(x, 4)
-    assert indices[0].tolist() == [1, 3, 4, 7] and len(set(values[0].tolist())) == 1  # equal values: lower index first
-    assert indices[1].tolist()[:2] == [1, 3] and values[1, 3].item() == float("-inf")  # masked logits stay -inf
-    torch.testing.assert_close(values[:2, :2], torch.log_softmax(x[:2], -1).topk(2).values)
-    assert indices[2, 0].item() == 1 and values[2].isnan().all()  # a NaN ranks first and spoils the row, as in torch
-    assert cn.top_logprobs(x, 0)[0].shape == (3, 0)
-    with pytest.raises(RuntimeError, match=r"k=19 must be in \[0, 18\]"):
-        cn.top_logprobs(x, 19)
-
-
 # ---------------------------------------------------------------- errors
 
 def test_bad_inputs_are_clear_errors_naming_the_value():

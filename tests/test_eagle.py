@@ -261,41 +261,6 @@ def test_online_drafts_equal_the_teacher_forced_predictions(lookup_first, tiny_t
     assert shifted / total < 0.5, "the reference does not tell positions apart"
 
 
-@torch.inference_mode()
-@pytest.mark.parametrize("width", [1, 3], ids=["chain", "tree"])
-def test_the_native_head_step_drafts_and_caches_what_the_op_by_op_step_does(width, tiny_target_dir, tmp_path):
-    """With the native CPU kernels a head step (entries, layer, LM rows, top-k) is one op
-    (cpu_native.head_step): it must write the same K/V bits and give the same drafts as the step
-    op by op (head_forward, then head_scores), for greedy and seeded requests."""
-    import copy
-
-    from actors.model.loader import load_model
-    from actors.proposers.eagle import EagleProposer
-    from benchmarks.draft_cost import DraftLoop
-    from tests.tiny import random_eagle_head, tiny_engine
-
-    model = load_model(tiny_target_dir).model
-    path = random_eagle_head(model, 128, tmp_path / "tiny.safetensors", seed=2)
-    native = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=4, tree_width=width).proposer
-    if not native.head.native_layer:
-        pytest.skip("the native CPU kernels are not built here")
-    head = copy.copy(native.head)  # the same tensors, drafting op by op
-    head.native_layer = False
-    ref = EagleProposer(head, width)
-    ref.attend = native.attend
-    cfg = model.config
-    loops = [DraftLoop(p, 3, 30, cfg.hidden_size, cfg.vocab_size, torch.device("cpu"), width) for p in (native, ref)]
-    for loop in loops:
-        loop.reqs[1].params = SamplingParams(temperature=0.8, seed=7)
-    drafted = 0
-    for _ in range(4):
-        a, b = (loop.step() for loop in loops)
-        assert [(t.tokens, t.parents) for t in a] == [(t.tokens, t.parents) for t in b]
-        drafted += sum(len(t.tokens) - 1 for t in a)
-    assert drafted >= 4 * 3 * 4
-    assert torch.equal(native.kv.k, ref.kv.k) and torch.equal(native.kv.v, ref.kv.v)
-
-
 # ---- the recipe -----------------------------------------------------------------------------------
 
 class _Vocab:

@@ -75,3 +75,37 @@ def test_the_native_head_step_drafts_and_caches_what_the_op_by_op_step_does(widt
         drafted += sum(len(t.tokens) - 1 for t in a)
     assert drafted >= 4 * 3 * 4
     assert torch.equal(native.kv.k, ref.kv.k) and torch.equal(native.kv.v, ref.kv.v)
+
+
+@torch.inference_mode()
+def test_a_bad_head_step_is_a_clear_error_that_writes_nothing(tiny_target_dir, tmp_path):
+    from actors.model.loader import load_model
+    from actors.proposers.head_kv import native_head_step
+    from actors.verifier import SeqChunk, build_forward_batch
+    from tests.tiny import random_eagle_head, tiny_engine
+
+    model = load_model(tiny_target_dir).model
+    path = random_eagle_head(model, 128, tmp_path / "tiny.safetensors", seed=3)
+    proposer = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=2).proposer
+    if not proposer.head.native_layer:
+        pytest.skip("the native CPU kernels are not built here")
+    pool, vocab = proposer.kv, model.config.vocab_size
+    table = pool.reserve(0, 2)
+    feats = torch.randn(2, model.config.hidden_size)
+    before = pool.k.clone(), pool.v.clone()
+
+    def step(tokens, score, k=2):
+        batch = build_forward_batch([SeqChunk(tokens, [0, 1], pool.slots(0, 0, 2), 2, table)], pool.block_size,
+                                    torch.device("cpu"))
+        return native_head_step(proposer.head, batch, feats, pool, score, k)
+
+    with pytest.raises(RuntimeError, match=f"token id {vocab} is outside the embedding's {vocab} rows"):
+        step([1, vocab], [1])
+    with pytest.raises(RuntimeError, match="score row 2 is not one of the step's 2 rows"):
+        step([1, 2], [2])
+    with pytest.raises(RuntimeError, match=r"top_k=129 must be in \[0, 128\]"):
+        step([1, 2], [1], k=129)
+    assert torch.equal(pool.k, before[0]) and torch.equal(pool.v, before[1])
+    picked, scores = step([1, 2], [0, 1])
+    assert picked.shape == (2, model.config.hidden_size) and len(scores.ids[1]) == 2
+    assert not torch.equal(pool.k, before[0])  # a good step writes its entries

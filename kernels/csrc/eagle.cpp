@@ -33,14 +33,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_step(
   TORCH_CHECK(vocab.dim() == 1 && vocab.is_contiguous() && score_rows.dim() == 1 && score_rows.is_contiguous(),
               "head_step: vocab and score_rows must be contiguous 1-d tensors");
   const int64_t* tok = tokens.const_data_ptr<int64_t>();
+  const int64_t R = score_rows.size(0), Vd = vocab.size(0);
+  const int64_t* rows = score_rows.const_data_ptr<int64_t>();
+  TORCH_CHECK(top_k >= 0 && top_k <= Vd, "head_step: top_k=", top_k, " must be in [0, ", Vd, "] (the draft vocabulary)");
+  for (int64_t i = 0; i < R; ++i)  // before anything is written
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "head_step: score row ", rows[i], " is not one of the step's ", N,
+                " rows");
+  for (int64_t i = 0; i < N; ++i)
+    TORCH_CHECK(tok[i] >= 0 && tok[i] < V, "head_step: token id ", tok[i], " is outside the embedding's ", V,
+                " rows");
   // entries: [N, 2H] rows of (the token's embedding | the feature), then fc
   at::Tensor entry = at::empty({N, 2 * H}, feats.options());
   const float* ep = embed.const_data_ptr<float>();
   const float* fp = feats.const_data_ptr<float>();
   float* xp = entry.mutable_data_ptr<float>();
   for (int64_t i = 0; i < N; ++i) {
-    TORCH_CHECK(tok[i] >= 0 && tok[i] < V, "head_step: token id ", tok[i], " is outside the embedding's ", V,
-                " rows");
     std::memcpy(xp + i * 2 * H, ep + tok[i] * H, H * sizeof(float));
     std::memcpy(xp + i * 2 * H + H, fp + i * H, H * sizeof(float));
   }
@@ -48,16 +55,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> head_step(
   const at::Tensor out = decoder_layers(x, weights, {k_cache}, {v_cache}, cos, sin, slots, query_start_loc, kv_lens,
                                         block_tables, windows, h, kvh, eps, scale, out_norm);
   // the scored rows' features, their logits over the draft vocabulary and its top-k
-  const int64_t R = score_rows.size(0), Vd = vocab.size(0);
-  const int64_t* rows = score_rows.const_data_ptr<int64_t>();
   at::Tensor picked = at::empty({R, H}, feats.options());
   const float* op = out.const_data_ptr<float>();
   float* pp = picked.mutable_data_ptr<float>();
-  for (int64_t i = 0; i < R; ++i) {
-    TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "head_step: score row ", rows[i], " is not one of the step's ", N,
-                " rows");
-    std::memcpy(pp + i * H, op + rows[i] * H, H * sizeof(float));
-  }
+  for (int64_t i = 0; i < R; ++i) std::memcpy(pp + i * H, op + rows[i] * H, H * sizeof(float));
   const at::Tensor logits = linear(picked, lm, Vd, std::nullopt);
   auto [logprobs, top] = top_logprobs(logits, top_k);
   const int64_t* vp = vocab.const_data_ptr<int64_t>();

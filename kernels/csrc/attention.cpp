@@ -101,10 +101,7 @@ inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t
 constexpr int64_t kPrefetchKeys = 32;
 
 template <typename T>
-inline void prefetch_key(const T* row, int64_t d) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b, 0, 3);
-}
+inline void prefetch_key(const T* row, int64_t d) { prefetch_bytes(row, d * static_cast<int64_t>(sizeof(T))); }
 
 // scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time (Whole: the head dim is a
 // multiple of 16, no masked loads)

@@ -107,9 +107,9 @@ int64_t argmax_scalar(const float* x, int64_t V) {
   return best;
 }
 
-// the same answer in two vector passes (the maximum, then where it first is); rows holding a NaN or
-// an infinity (v - v is not 0) take the scalar pass
-int64_t argmax_row(const float* x, int64_t V) {
+// one vector pass over x[0, V): whether every value is finite (v - v is 0 for each) and, if so, the
+// maximum in m
+bool finite_max(const float* x, int64_t V, float& m) {
   const float lowest = -std::numeric_limits<float>::infinity();
   V16 mx = vset1(lowest), bad = vzero();
   int64_t j = 0;
@@ -124,9 +124,18 @@ int64_t argmax_row(const float* x, int64_t V) {
     mx = vmax(mx, vload_or(x + j, tail, lowest));
     bad = vadd(bad, vsub(v, v));
   }
-  if (!(vsum(bad) == 0.f)) return argmax_scalar(x, V);
-  const float m = vmaxr(mx);
-  for (j = 0; j + kLanes <= V; j += kLanes) {
+  if (!(vsum(bad) == 0.f)) return false;
+  m = vmaxr(mx);
+  return true;
+}
+
+// the same answer in two vector passes (the maximum, then where it first is); rows holding a NaN or
+// an infinity take the scalar pass
+int64_t argmax_row(const float* x, int64_t V) {
+  float m;
+  if (!finite_max(x, V, m)) return argmax_scalar(x, V);
+  int64_t j = 0;
+  for (; j + kLanes <= V; j += kLanes) {
     const int at = vfirst_eq(vload(x + j), m);
     if (at >= 0) return j + at;
   }
@@ -207,28 +216,20 @@ std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k) 
   at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = xp + r * sx;
-      V16 mx = vset1(-std::numeric_limits<float>::infinity()), bad = vzero();
-      int64_t j = 0;
-      for (; j + kLanes <= V; j += kLanes) {
-        const V16 v = vload(row + j);
-        mx = vmax(mx, v);
-        bad = vadd(bad, vsub(v, v));  // NaN unless every value is finite
-      }
-      float m = vmaxr(mx), b = vsum(bad);
-      for (; j < V; ++j) {
-        m = std::max(m, row[j]);
-        b += row[j] - row[j];
-      }
-      const bool finite = b == 0.f;
+      float m = -std::numeric_limits<float>::infinity();
+      const bool finite = finite_max(row, V, m);
       float lse;  // log-sum-exp less the maximum
       if (finite) {
         lse = log_sum_exp_finite(row, V, m);
       } else {  // torch's answers: NaN everywhere once a NaN or an infinity is involved (-inf alone is fine)
         double s = 0.;
         bool nan = false;
-        for (j = 0; j < V; ++j) nan = nan || std::isnan(row[j]);
+        for (int64_t j = 0; j < V; ++j) {
+          nan = nan || std::isnan(row[j]);
+          m = row[j] > m ? row[j] : m;
+        }
         m = nan ? std::numeric_limits<float>::quiet_NaN() : m;
-        for (j = 0; j < V; ++j) s += std::exp(static_cast<double>(row[j] - m));
+        for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(row[j] - m));
         lse = static_cast<float>(std::log(s));
       }
       int64_t* top = ip + r * k;

@@ -83,7 +83,6 @@ constexpr int kStep = std::is_same_v<W, Q4_1Tile> ? 2 : 1;  // k a rebuild yield
 template <int MR, int TN, typename W>
 inline void qblock(const float* x, int64_t sx, const W* w, int64_t K, float* y, int64_t N, int64_t n0,
                    const float* bias) {
-  constexpr int64_t kAhead = 4096 / sizeof(W) + 1;  // tiles (of this column block) prefetched ahead
   const int64_t KB = K / kBlockK;
   V16 acc[MR][TN];
   for (int m = 0; m < MR; ++m)
@@ -93,9 +92,7 @@ inline void qblock(const float* x, int64_t sx, const W* w, int64_t K, float* y, 
     V16 d[TN], mn[TN];
     for (int t = 0; t < TN; ++t) {
       tile[t] = w + t * KB + kb;
-      const char* ahead = reinterpret_cast<const char*>(tile[t] + kAhead);
-      for (size_t line = 0; line < sizeof(W); line += 64) __builtin_prefetch(ahead + line, 0, 3);
-      scales(*tile[t], d[t], mn[t]);
+      scales_ahead(tile[t], d[t], mn[t]);
     }
     const float* xk = x + kb * kBlockK;
     for (int k0 = 0; k0 < kBlockK; k0 += kStep<W>) {

@@ -90,12 +90,7 @@ struct TilePairs {
     if constexpr (std::is_same_v<W, Q4_1Tile>) return vi_nibble_pairs(tile.q[p]);
     else return vi_i8_pairs(tile.q[2 * p], tile.q[2 * p + 1]);
   }
-  void scale(int t, int64_t kb, V16& d, V16& mn) const {
-    constexpr int64_t kAhead = 4096 / sizeof(W) + 1;
-    const char* ahead = reinterpret_cast<const char*>(w + t * KB + kb + kAhead);
-    for (size_t line = 0; line < sizeof(W); line += 64) __builtin_prefetch(ahead + line, 0, 3);
-    scales(w[t * KB + kb], d, mn);
-  }
+  void scale(int t, int64_t kb, V16& d, V16& mn) const { scales_ahead(w + t * KB + kb, d, mn); }
 };
 
 // the same pairs unpacked once: per tile [KB][16 pairs][16 lanes] int32 and scales [KB][2][16] fp32

@@ -38,6 +38,15 @@ inline void scales(const W& tile, V16& d, V16& mn) {
   else mn = vzero();
 }
 
+// a tile's scales, after asking for the tile ~4 KB further along its column block (the next tiles a
+// product streams)
+template <typename W>
+inline void scales_ahead(const W* tile, V16& d, V16& mn) {
+  constexpr int64_t kAhead = 4096 / sizeof(W) + 1;
+  prefetch_bytes(tile + kAhead, sizeof(W));
+  scales(*tile, d, mn);
+}
+
 // the sums of MR rows x TN tiles (columns n0..), + bias, into y [M, N]
 template <int MR, int TN>
 inline void store_block(const V16 (&acc)[MR][TN], float* y, int64_t N, int64_t n0, const float* bias) {

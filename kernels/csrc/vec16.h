@@ -16,6 +16,12 @@ namespace specray {
 
 constexpr int kLanes = 16;
 
+// ask for the cache lines of [p, p + bytes) ahead of their use
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
 #if defined(__AVX512F__)
 constexpr bool kAvx512 = true;
 

@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from actors.model.attention import paged_attention
-from actors.model.batch import to_device
 from actors.model.graph_runner import TOKENS_PER_SEQ
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
-from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_scores, head_step
+from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, scored_rows
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
@@ -176,8 +175,7 @@ class EagleProposer(Proposer):
         score = list(range(o)) if score is None else score
         out = None if self.graphs is None else self.graphs.run(chunks, feats)
         if out is not None:  # the graph's static output: this step's rows, kept past the next replay
-            picked = out[:o].clone() if len(score) == o else out[to_device(score, self.device)]
-            return picked, head_scores(self.head, picked, self.top_k)
+            return scored_rows(self.head, out[:o].clone(), score, self.top_k)
         batch = build_forward_batch(chunks, self.kv.block_size, self.device)
         return head_step(self.head, batch, feats, self.kv, self.attend, score, self.top_k)
 

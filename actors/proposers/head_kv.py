@@ -26,7 +26,7 @@ import torch
 
 from actors.model.attention import allocate_kv_cache
 from actors.model.attention_backends import native_meta
-from actors.model.batch import ForwardBatch, host_int64
+from actors.model.batch import ForwardBatch, host_int64, to_device
 from actors.model.graph_runner import MAX_GRAPH_TOKENS, GraphRunner
 from kernels import cpu_native
 
@@ -92,8 +92,15 @@ class HeadScores:
     logprobs: list[list[float]]
 
     def take(self, rows: list[int]) -> "HeadScores":
-        sel = self.logits[host_int64(rows).to(self.logits.device)]
+        sel = self.logits[to_device(rows, self.logits.device)]
         return HeadScores(sel, [self.ids[i] for i in rows], [self.logprobs[i] for i in rows])
+
+
+def scored_rows(head, out: torch.Tensor, score: list[int], k: int) -> tuple[torch.Tensor, HeadScores]:
+    """out [N, H]: a step's f̂ -> (its rows ``score`` [R, H] (ascending row indices; all of them: out
+    itself), the head's scores of them)."""
+    picked = out if len(score) == out.shape[0] else out[to_device(score, out.device)]
+    return picked, head_scores(head, picked, k)
 
 
 def head_scores(head, feats: torch.Tensor, k: int) -> HeadScores:
@@ -114,9 +121,7 @@ def head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, 
     this is one op (``cpu_native.head_step``: the same kernels in the same order)."""
     if head.native_layer:
         return native_head_step(head, batch, feats, pool, score, k)
-    out = head_forward(head, batch, feats, pool, attend)
-    picked = out if len(score) == out.shape[0] else out[host_int64(score).to(out.device)]
-    return picked, head_scores(head, picked, k)
+    return scored_rows(head, head_forward(head, batch, feats, pool, attend), score, k)
 
 
 def head_forward(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadKVPool, attend) -> torch.Tensor:

@@ -7,7 +7,7 @@ those blocks instead of the fp32 copy reads 6.4x (Q4_1) or 3.8x (Q8_0) fewer byt
 for the same weights. With fp32 activations (SPECRAY_CPU_ACTIVATIONS=float32) the kernel rebuilds
 each weight with the dequantization's own rounding (d q is exact in fp32; + m rounds once), so a
 product over the blocks has the fp32 product's bits; by default it multiplies the quants by the
-activations in 16-bit fixed point (csrc/linear16.cpp).
+activations in 16-bit (or, opt-in, 8-bit) fixed point (csrc/linear_fixed.cpp).
 
 Here: the blocks parsed from a tensor's raw GGUF bytes, their dequantization (the reference and the
 check that blocks reproduce a weight bit for bit) and the packing into the kernel's tiles:

@@ -306,9 +306,11 @@ for kind in ("Q4_1", "Q8_0"):  # half scales (a subnormal one), nibbles, int8: w
     b = random_blocks(kind, 37, 64, seed=2)
     ops.set_product_activations(32)
     assert torch.equal(ops.linear(xq, gb.pack(b), 37, None), ops.linear(xq, ops.pack_linear(gb.dequantize(b)), 37, None))
-    ops.set_product_activations(16)  # fixed point: integer pairs and the same fp32 steps as the AVX-512 build
-    for m in (1, 13, 30):
-        assert torch.equal(ops.linear(xq[:m], gb.pack(b), 37, None), cn.linear(xq[:m], gb.pack(b), 37))
+    for mode in ("int16", "int8"):  # fixed point: the same integers and fp32 steps as the AVX-512 build
+        ops.set_product_activations(cn.ACTIVATIONS[mode])
+        with cn.activations(mode):
+            for m in (1, 13, 30):
+                assert torch.equal(ops.linear(xq[:m], gb.pack(b), 37, None), cn.linear(xq[:m], gb.pack(b), 37))
 s = torch.randn(4, 2 * 35, generator=g) * 20
 torch.testing.assert_close(ops.silu_and_mul(s), silu_and_mul_ref(s), rtol=2e-6, atol=1e-6)
 lg = torch.randn(3, 61, generator=g).round()
@@ -329,6 +331,33 @@ print("portable ok")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "portable ok" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.skipif(not cn.load() or not cn.has_avx512(), reason="needs the AVX-512 build to compare with")
+def test_avx512_without_vnni_or_vbmi_gets_the_same_fixed_point_products():
+    """AVX-512 CPUs without VNNI (or VBMI) build vec16.h's fallbacks for vpdpwssd/vpdpbusd (and the
+    byte permute): the same integers, so the same bits as this CPU's build."""
+    code = """
+import torch
+from kernels import cpu_native as cn
+from kernels import gguf_blocks as gb
+from tests.test_gguf_blocks import random_blocks
+cn.build(("-mno-avx512vnni", "-mno-avx512vbmi"), namespace="specray_cpu_novnni")
+ops = torch.ops.specray_cpu_novnni
+assert ops.has_avx512() and cn.load()
+x = torch.randn(30, 64, generator=torch.Generator().manual_seed(1))
+for kind in ("Q4_1", "Q8_0"):
+    b = random_blocks(kind, 37, 64, seed=2)
+    for mode in ("int16", "int8"):
+        ops.set_product_activations(cn.ACTIVATIONS[mode])
+        with cn.activations(mode):
+            for m in (1, 13, 30):
+                assert torch.equal(ops.linear(x[:m], gb.pack(b), 37, None), cn.linear(x[:m], gb.pack(b), 37))
+print("fallbacks ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "fallbacks ok" in res.stdout, res.stdout + res.stderr
 
 
 def test_a_builder_that_died_leaves_no_lock_that_blocks_the_next():

@@ -86,3 +86,19 @@ def test_speculation_is_lossless_on_default_model(spec, concurrency, default_mod
     if draft_loaded is not None:
         assert sum(o.num_accepted_tokens for o in outs) / sum(o.num_draft_tokens for o in outs) > 0.9
     assert eng.allocator.num_free_blocks == eng.allocator.num_blocks
+
+
+def test_8bit_activations_keep_speculation_lossless(default_model, chat_prompts):
+    """SPECRAY_CPU_ACTIVATIONS=int8 changes the logits (other answers than the default's), not the
+    rule: a row's bits depend on that row alone, so verified trees emit plain decoding's tokens."""
+    from kernels import cpu_native
+
+    if not cpu_native.load():
+        pytest.skip(f"CPU kernels not built: {cpu_native.unavailable_reason()}")
+    params = SamplingParams(max_tokens=SPEC_TOKENS)
+    with cpu_native.activations("int8"):
+        plain = make_engine(default_model).generate(chat_prompts, params, chat=True)
+        eng = make_engine(default_model, draft="ngram", tree=[2, 1, 1, 1])
+        outs = eng.generate(chat_prompts, params, chat=True, concurrency=4)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.num_accepted_tokens for o in outs) > 0

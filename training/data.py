@@ -127,7 +127,7 @@ def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, co
     return len(_done_indices(resp_dir))
 
 
-def _feature_batches(convs: list[list[int]], batch_tokens: int) -> list[list[int]]:
+def token_batches(convs: list[list[int]], batch_tokens: int) -> list[list[int]]:
     """Indices of conversations packed into forwards of at most ``batch_tokens`` tokens."""
     batches, cur, n = [], [], 0
     for i, ids in enumerate(convs):
@@ -140,9 +140,9 @@ def _feature_batches(convs: list[list[int]], batch_tokens: int) -> list[list[int
 
 
 @torch.inference_mode()
-def target_features(model, convs: list[list[int]], device: torch.device, block_size: int = 16
-                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features [n, H] fp16, greedy next token [n] int64) of each conversation, in one forward."""
+def packed_hidden(model, convs: list[list[int]], device: torch.device, block_size: int = 16) -> torch.Tensor:
+    """The final hidden states [sum of lengths, H] of the conversations laid end to end, each from its
+    first token, in one forward over a KV cache made for them."""
     from actors.verifier import SeqChunk, build_forward_batch
 
     blocks = [-(-len(c) // block_size) for c in convs]
@@ -153,7 +153,14 @@ def target_features(model, convs: list[list[int]], device: torch.device, block_s
         slots = [table[p // block_size] * block_size + p % block_size for p in range(len(ids))]
         chunks.append(SeqChunk(list(ids), list(range(len(ids))), slots, len(ids), table, None))
         first += nb
-    hidden = model(build_forward_batch(chunks, block_size, device), kv)  # [N, H]
+    return model(build_forward_batch(chunks, block_size, device), kv)
+
+
+@torch.inference_mode()
+def target_features(model, convs: list[list[int]], device: torch.device, block_size: int = 16
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features [n, H] fp16, greedy next token [n] int64) of each conversation, in one forward."""
+    hidden = packed_hidden(model, convs, device, block_size)  # [N, H]
     nxt = torch.cat([model.compute_logits(h).argmax(-1) for h in hidden.split(256)])
     return per_conversation(hidden, nxt, convs)
 
@@ -211,7 +218,7 @@ def extract_features(model, out_dir: Path, device: torch.device, deadline: float
         rows = [json.loads(line) for line in shard.read_text().splitlines() if line]
         convs = [r["prompt_ids"] + r["output_ids"] for r in rows]
         tokens, feats, nexts = [], [], []
-        for batch in _feature_batches(convs, batch_tokens):
+        for batch in token_batches(convs, batch_tokens):
             for i, (f, nx) in zip(batch, features_fn(model, [convs[i] for i in batch], device)):
                 tokens.append(torch.tensor(convs[i], dtype=torch.int32))
                 feats.append(f)

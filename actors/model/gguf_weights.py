@@ -5,7 +5,7 @@ included: rows of several GGUF tensors side by side; q and k rows permuted by th
 row for row, some GGUF tensor's blocks. The rows are matched by a fingerprint of their fp32 bits,
 and a matrix is bound to its blocks only if their dequantization equals it bit for bit; the native
 product over the blocks then streams ~5.6x fewer bytes per decode step, multiplying the activations
-in 16-bit fixed point (the default, csrc/linear16.cpp) or, with SPECRAY_CPU_ACTIVATIONS=float32, in
+in 16-bit fixed point (the default, csrc/linear_fixed.cpp; 8-bit with SPECRAY_CPU_ACTIVATIONS=int8) or, with SPECRAY_CPU_ACTIVATIONS=float32, in
 fp32 with the fp32 product's bits (the kernel rounds as the dequantization did). A matrix without an
 exact match (another file, a tensor-parallel shard split along its rows' length) keeps its fp32
 product.

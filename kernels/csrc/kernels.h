@@ -51,13 +51,13 @@ int64_t packed_in_features(const at::Tensor& packed);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                   const at::Tensor& out = at::Tensor());
 
-// linear16.cpp: products over quantized tiles with 16-bit fixed-point activations, process-wide
-// when set to 16 (the default; 32: the fp32 products of linear.cpp)
+// linear_fixed.cpp: products over quantized tiles with fixed-point activations, process-wide: 16 bits
+// (the default), 8 bits, or 32 (the fp32 products of linear.cpp)
 void set_product_activations(int64_t bits);
 int64_t product_activations();
-bool linear16_applies(at::ScalarType packed_type);
-void linear16(const float* x, int64_t sx, int64_t M, int64_t K, const void* packed, int64_t tile_bytes, int64_t T,
-              float* y, int64_t N, const float* bias);
+bool linear_fixed_applies(at::ScalarType packed_type);
+void linear_fixed(const float* x, int64_t sx, int64_t M, int64_t K, const void* packed, int64_t tile_bytes,
+                  int64_t T, float* y, int64_t N, const float* bias);
 
 // fused.cpp
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out = at::Tensor());

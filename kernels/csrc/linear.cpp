@@ -252,8 +252,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, cons
   const float* bp = bias ? bias->const_data_ptr<float>() : nullptr;
   float* yp = y.mutable_data_ptr<float>();
   const void* wp = packed.const_data_ptr();
-  if (linear16_applies(type)) {
-    linear16(xp, x.stride(0), M, K, wp, tile_bytes, T, yp, N, bp);
+  if (linear_fixed_applies(type)) {
+    linear_fixed(xp, x.stride(0), M, K, wp, tile_bytes, T, yp, N, bp);
     return y;
   }
   if (type == at::kFloat)

@@ -1,4 +1,4 @@
-// What the products share: linear.cpp's (fp32 activations) and linear16.cpp's (16-bit fixed-point
+// What the products share: linear.cpp's (fp32 activations) and linear_fixed.cpp's (fixed-point
 // activations over quantized tiles): the tiles of a GGUF model's quantized matrices as
 // kernels/gguf_blocks.py packs them, and how a register block of sums is stored.
 #pragma once

@@ -107,7 +107,7 @@ inline V16 vload_f16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
 // 16 int32 lanes, each read as two int16 halves where pairs are multiplied (the fixed-point products
-// of linear16.cpp): integer arithmetic, so exact and the same in both builds
+// of linear_fixed.cpp): integer arithmetic, so exact and the same in both builds
 struct VI {
   __m512i v;
 };
@@ -140,6 +140,51 @@ inline VI vi_i8_pairs(const int8_t* a, const int8_t* b) {
 inline void vfixed16(V16 a, float scale, int16_t* out) {
   const __m512i p = _mm512_cvtps_epi32(_mm512_mul_ps(a.v, _mm512_set1_ps(scale)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtsepi32_epi16(p));
+}
+// the same saturated to int8
+inline void vfixed8(V16 a, float scale, int8_t* out) {
+  const __m512i p = _mm512_cvtps_epi32(_mm512_mul_ps(a.v, _mm512_set1_ps(scale)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(p));
+}
+inline VI vi_sub(VI a, VI b) { return {_mm512_sub_epi32(a.v, b.v)}; }
+// acc + the sum of the four products of w's bytes (unsigned) and x's (signed) per lane: VNNI's vpdpbusd
+// (the 8-bit products of linear_fixed.cpp), else the same integers by two int16 multiply-adds
+inline VI vi_dot4(VI acc, VI w, VI x) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, w.v, x.v)};
+#else
+  const __m512i bytes = _mm512_set1_epi32(0x00FF00FF);
+  const __m512i w02 = _mm512_and_si512(w.v, bytes), w13 = _mm512_srli_epi16(w.v, 8);
+  const __m512i x02 = _mm512_srai_epi16(_mm512_slli_epi16(x.v, 8), 8), x13 = _mm512_srai_epi16(x.v, 8);
+  return {_mm512_add_epi32(acc.v, _mm512_add_epi32(_mm512_madd_epi16(w02, x02), _mm512_madd_epi16(w13, x13)))};
+#endif
+}
+// two rows of 16 bytes of two 4-bit integers (32 bytes from p: k = 2r, 2r + 1 in row r's low and high
+// nibbles) -> per lane the four k in byte order: row 0's low and high nibble, then row 1's
+inline VI vi_nibble_quads(const uint8_t* p) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i z = _mm512_and_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 4)), _mm512_set1_epi16(0x0F0F));
+  const __m512i lanes = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return {_mm512_permutexvar_epi16(lanes, z)};
+}
+// four rows of 16 int8 (64 bytes from p) -> per lane the four rows' values + 128 (unsigned bytes)
+inline VI vi_u8_quads(const int8_t* p) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+#if defined(__AVX512VBMI__)
+  const __m512i lanes = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27,
+                                        11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22,
+                                        6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1,
+                                        48, 32, 16, 0);
+  return {_mm512_xor_si512(_mm512_permutexvar_epi8(lanes, _mm512_loadu_si512(p)), flip)};
+#else
+  __m512i q = _mm512_setzero_si512();
+  for (int r = 0; r < 4; ++r) {
+    const __m512i row = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * r)));
+    q = _mm512_or_si512(q, _mm512_slli_epi32(row, 8 * r));
+  }
+  return {_mm512_xor_si512(q, flip)};
+#endif
 }
 inline V16 vabs(V16 a) { return {_mm512_abs_ps(a.v)}; }
 inline bool vfinite(V16 a) { return _mm512_fpclass_ps_mask(a.v, 0x99) == 0; }  // no NaN (0x81) nor inf (0x18)
@@ -248,6 +293,37 @@ inline V16 vi_to_float(VI a) { V16 r; SPECRAY_LANES r.v[i] = static_cast<float>(
 inline VI vi_load(const int32_t* p) { VI r; SPECRAY_LANES r.v[i] = p[i]; return r; }
 inline void vi_store(int32_t* p, VI a) { SPECRAY_LANES p[i] = a.v[i]; }
 inline VI vi_nibble_pairs(const uint8_t* p) { VI r; SPECRAY_LANES r.v[i] = (p[i] & 15) | ((p[i] >> 4) << 16); return r; }
+inline VI vi_sub(VI a, VI b) {
+  VI r;
+  SPECRAY_LANES r.v[i] = static_cast<int32_t>(static_cast<uint32_t>(a.v[i]) - static_cast<uint32_t>(b.v[i]));
+  return r;
+}
+inline VI vi_dot4(VI acc, VI w, VI x) {
+  VI r;
+  SPECRAY_LANES {
+    uint32_t sum = static_cast<uint32_t>(acc.v[i]);
+    for (int b = 0; b < 4; ++b)
+      sum += static_cast<uint32_t>(static_cast<int32_t>((static_cast<uint32_t>(w.v[i]) >> (8 * b)) & 0xFFu) *
+                                   static_cast<int32_t>(static_cast<int8_t>(static_cast<uint32_t>(x.v[i]) >> (8 * b))));
+    r.v[i] = static_cast<int32_t>(sum);
+  }
+  return r;
+}
+inline VI vi_nibble_quads(const uint8_t* p) {
+  VI r;
+  SPECRAY_LANES r.v[i] = static_cast<int32_t>((p[i] & 15u) | ((p[i] >> 4) << 8) | ((p[16 + i] & 15u) << 16) |
+                                              (static_cast<uint32_t>(p[16 + i] >> 4) << 24));
+  return r;
+}
+inline VI vi_u8_quads(const int8_t* p) {
+  VI r;
+  SPECRAY_LANES {
+    uint32_t q = 0;
+    for (int b = 0; b < 4; ++b) q |= ((static_cast<uint32_t>(static_cast<uint8_t>(p[16 * b + i])) ^ 0x80u) << (8 * b));
+    r.v[i] = static_cast<int32_t>(q);
+  }
+  return r;
+}
 inline VI vi_i8_pairs(const int8_t* a, const int8_t* b) {
   VI r;
   SPECRAY_LANES r.v[i] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(b[i])) << 16) |
@@ -258,6 +334,12 @@ inline void vfixed16(V16 a, float scale, int16_t* out) {
   SPECRAY_LANES {
     const float p = std::nearbyint(a.v[i] * scale);
     out[i] = static_cast<int16_t>(p > 32767.f ? 32767.f : (p < -32768.f ? -32768.f : p));
+  }
+}
+inline void vfixed8(V16 a, float scale, int8_t* out) {
+  SPECRAY_LANES {
+    const float p = std::nearbyint(a.v[i] * scale);
+    out[i] = static_cast<int8_t>(p > 127.f ? 127.f : (p < -128.f ? -128.f : p));
   }
 }
 inline V16 vabs(V16 a) { V16 r; SPECRAY_LANES r.v[i] = std::fabs(a.v[i]); return r; }

@@ -24,12 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # the only way to shorten it after joining
 
+from actors.model import gguf_weights
 from actors.model.attention import copy_kv_slots
 from actors.model.attention_backends import set_attention_backend
 from actors.model.layers import TPContext
 from actors.shard_protocol import (HEADER_LEN, OP_FORWARD, OP_NOOP, OP_STOP, StepCommand, check_command, header,
                                    pack_forward, payload_len, unpack_forward)
 from actors.verifier import SeqChunk, Verifier
+from kernels import cpu_native
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,6 +48,7 @@ class ShardSpec:
     device: str = "cpu"
     num_threads: int = 1  # torch threads per rank: the cores a rank owns
     attention_backend: str = "auto"  # auto | torch | triton | native (actors.model.attention_backends)
+    cpu_activations: str = "auto"  # auto | int16 | int8 | float32 (kernels.cpu_native.use_activations)
     # CUDA graphs at tp=1 only for now (a TP group would capture its all-reduces in lockstep)
     enforce_eager: bool = False
     max_num_seqs: int = 64  # sizes the graphs' static inputs
@@ -53,6 +56,7 @@ class ShardSpec:
     weights_device_gb: float | None = None  # or: as many as this rank's weights need to fit G GiB
     timeout_s: float = 60.0  # bound on every step's collectives and answers
     start_timeout_s: float = 300.0  # bound on actor start, rendezvous and loading the shards
+    gguf: str | None = None  # the GGUF file ``model`` was converted from: CPU products read its blocks
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
@@ -108,7 +112,9 @@ class VerifierShard:
         dtype = _DTYPES[self.spec.dtype]
         spec = self.spec
         offloading = bool(spec.offload_layers) or spec.weights_device_gb is not None
-        loaded = load_model(spec.model, dtype=dtype, device=load_device(self.device, offloading), tp=tp)
+        cpu_native.use_activations(spec.cpu_activations, self.device)
+        loaded = load_model(spec.model, dtype=dtype, device=load_device(self.device, offloading), tp=tp,
+                            gguf=spec.gguf)
         set_attention_backend(loaded.model, spec.attention_backend, self.device)
         self.verifier = Verifier(loaded.model, spec.num_blocks, spec.block_size, self.device, dtype,
                                  enforce_eager=spec.enforce_eager or self.world > 1, max_num_seqs=spec.max_num_seqs,
@@ -140,7 +146,8 @@ class VerifierShard:
         kv = sum(k.numel() * k.element_size() + vv.numel() * vv.element_size() for k, vv in v.kv_caches)
         return dict(rank=self.rank, tp_size=self.world, pid=os.getpid(), host=_node_ip(), address=self.address,
                     param_bytes=v.model.param_bytes(), kv_cache_bytes=kv, num_layers=self.num_layers,
-                    kv_heads_per_rank=v.model.num_kv_heads_per_rank, backend=self.backend if self.world > 1 else None)
+                    kv_heads_per_rank=v.model.num_kv_heads_per_rank, backend=self.backend if self.world > 1 else None,
+                    gguf_matrices=gguf_weights.num_bound(v.model))  # products reading the GGUF's blocks
 
     def _ready(self) -> Verifier:
         if self.verifier is None:

@@ -165,6 +165,9 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
                         "with long prompts needs more, or the scheduler holds requests back")
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
                    help="the in-process target's attention and fused ops (auto: triton on CUDA, native on CPU)")
+    p.add_argument("--cpu-activations", default="auto", choices=("auto", "int16", "int8", "float32"),
+                   help="the in-process target's CPU products over GGUF blocks (auto: SPECRAY_CPU_ACTIVATIONS, "
+                        "default int16; int8: faster verification, other logits)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the in-process target's KV cache dtype (auto: the model's; bfloat16 under a float32 "
                         "model: half the bytes decode attention reads, other logits)")
@@ -196,4 +199,5 @@ def engine_options(args) -> dict:
             "device": getattr(args, "device", "auto"),
             "attention_backend": getattr(args, "attention_backend", "auto"),
             "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
+            "cpu_activations": getattr(args, "cpu_activations", "auto"),
             "offload": {"layers": args.offload_layers} if getattr(args, "offload_layers", 0) else None}

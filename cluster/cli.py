@@ -50,6 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the KV cache's dtype (auto: the model's); bfloat16 under a float32 model on CPU halves "
                         "what decode attention reads and doubles the blocks per GB, but changes the logits")
+    p.add_argument("--cpu-activations", default="auto", choices=("auto", "int16", "int8", "float32"),
+                   help="CPU products over a GGUF model's blocks: int16 (auto's default, SPECRAY_CPU_ACTIVATIONS), "
+                        "int8 (faster verification, logits further from the fp32 model's) or float32 (its bits)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: run every step eagerly instead of replaying CUDA graphs of the decode/verify buckets")
     p.add_argument("--no-prefix-caching", action="store_true",
@@ -139,6 +142,7 @@ def engine_config_from_args(args):
         draft_overlap_micro_batches=args.draft_overlap,
         attention_backend=getattr(args, "attention_backend", "auto"),
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+        cpu_activations=getattr(args, "cpu_activations", "auto"),
         enforce_eager=getattr(args, "enforce_eager", False),
         kv_offload={"host_gb": getattr(args, "kv_host_gb", None), "disk_dir": getattr(args, "kv_disk_dir", None),
                     "disk_gb": getattr(args, "kv_disk_gb", None),

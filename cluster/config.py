@@ -280,6 +280,10 @@ class EngineConfig(BaseModel):
     # the KV cache's dtype: auto = the model's; bfloat16 under an fp32 model on CPU (native kernels)
     # halves what decode attention reads and doubles the blocks per GB, but changes the logits
     kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # what the CPU products over a GGUF model's quantized blocks multiply (kernels/cpu_native.py, for
+    # the whole process that runs the target): auto = SPECRAY_CPU_ACTIVATIONS (default int16); int8 is
+    # faster verification with logits further from the fp32 model's; float32 keeps its bits
+    cpu_activations: Literal["auto", "int16", "int8", "float32"] = "auto"
     # True: no CUDA graphs (decode and verify steps launch every kernel; debugging, comparisons)
     enforce_eager: bool = False
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)

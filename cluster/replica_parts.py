@@ -28,6 +28,7 @@ def build_verifier_group(config: EngineConfig, meta, opts):
     group = ShardGroup.create(config.model, opts.tp, num_blocks, config.block_size, topology=topo,
                               placement_group=pg, dtype=_DTYPE_NAMES[str(dtype)], device=str(device),
                               attention_backend=config.attention_backend, enforce_eager=config.enforce_eager,
+                              cpu_activations=config.cpu_activations,
                               max_num_seqs=config.max_num_seqs, offload_layers=config.offload.layers,
                               weights_device_gb=config.offload.weights_device_gb)
     group.replica_placement_group = pg  # drafters are placed on its later bundles

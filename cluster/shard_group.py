@@ -98,11 +98,12 @@ class ShardGroup:
         its channels busy-wait: rank 0 burns a core while idle and the driver one while it waits
         for a step. None (default) = on for CUDA groups, off on CPU, where cores do the compute."""
         from actors.model.config import ModelConfig
-        from actors.model.loader import resolve_model_dir
+        from actors.model.loader import gguf_file, resolve_model_dir
 
-        model_dir = resolve_model_dir(model)
+        model_dir, gguf = resolve_model_dir(model), gguf_file(model)
         validate_tp(ModelConfig.from_dir(model_dir), tp_size, str(model))
-        spec = ShardSpec(str(model_dir), tp_size, num_blocks, block_size, **spec_options)
+        spec = ShardSpec(str(model_dir), tp_size, num_blocks, block_size,
+                         **{"gguf": str(gguf) if gguf is not None else None, **spec_options})
         use_gpu = torch.device(spec.device).type == "cuda"
         topology = topology or ReplicaTopology(tp_size=tp_size, use_gpu=use_gpu)
         if topology.tp_size != tp_size:

@@ -176,9 +176,30 @@ def set_activations(mode: str) -> str:
     _activations_named(mode, "activations ")
     if not load():
         raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
-    before = {v: k for k, v in ACTIVATIONS.items()}[int(torch.ops.specray_cpu.product_activations())]
+    before = activations_in_effect()
     _set_activations(mode)
     return before
+
+
+def activations_in_effect() -> str:
+    """What this process's products over GGUF blocks multiply now (the kernels loaded)."""
+    return {v: k for k, v in ACTIVATIONS.items()}[int(torch.ops.specray_cpu.product_activations())]
+
+
+def use_activations(mode: str, device) -> None:
+    """An engine's ``cpu_activations`` in the process that runs its target (process-wide, like
+    SPECRAY_CPU_ACTIVATIONS, and it stays after the engine): ``auto`` keeps what the process has;
+    another mode needs a CPU device and the built kernels (a clear error naming the value else)."""
+    if mode == "auto":
+        return
+    _activations_named(mode, "cpu_activations=")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"cpu_activations={mode!r} picks what the native CPU kernels multiply; this target runs "
+                         f"on {device}: leave it 'auto'")
+    if not load():
+        raise ValueError(f"cpu_activations={mode!r} needs the native CPU kernels, which cannot be used here: "
+                         f"{unavailable_reason()}")
+    set_activations(mode)
 
 
 @contextlib.contextmanager

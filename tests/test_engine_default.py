@@ -26,10 +26,10 @@ def chat_prompts():
     return [json.loads(line)["messages"] for line in lines]
 
 
-def make_engine(default_model, draft: str = "none", k: int = 4, tree=None, draft_loaded=None):
+def make_engine(default_model, draft: str = "none", k: int = 4, tree=None, draft_loaded=None, **options):
     """Fixed K / tree every step (not the adaptive policy): each proposer path is exercised fully."""
     spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=False)
-    cfg = EngineConfig(speculative=spec, num_kv_blocks=512, num_threads=2)
+    cfg = EngineConfig(speculative=spec, num_kv_blocks=512, num_threads=2, **options)
     return LLMEngine(cfg, loaded=default_model, draft_loaded=draft_loaded)
 
 
@@ -89,16 +89,17 @@ def test_speculation_is_lossless_on_default_model(spec, concurrency, default_mod
 
 
 def test_8bit_activations_keep_speculation_lossless(default_model, chat_prompts):
-    """SPECRAY_CPU_ACTIVATIONS=int8 changes the logits (other answers than the default's), not the
-    rule: a row's bits depend on that row alone, so verified trees emit plain decoding's tokens."""
+    """cpu_activations='int8' changes the logits (other answers than the default's), not the rule: a
+    row's bits depend on that row alone, so verified trees emit plain decoding's tokens."""
     from kernels import cpu_native
 
     if not cpu_native.load():
         pytest.skip(f"CPU kernels not built: {cpu_native.unavailable_reason()}")
     params = SamplingParams(max_tokens=SPEC_TOKENS)
-    with cpu_native.activations("int8"):
-        plain = make_engine(default_model).generate(chat_prompts, params, chat=True)
-        eng = make_engine(default_model, draft="ngram", tree=[2, 1, 1, 1])
+    with cpu_native.activations("int16"):  # the engines set the process's mode; restored after
+        plain = make_engine(default_model, cpu_activations="int8").generate(chat_prompts, params, chat=True)
+        assert cpu_native.activations_in_effect() == "int8"
+        eng = make_engine(default_model, draft="ngram", tree=[2, 1, 1, 1], cpu_activations="int8")
         outs = eng.generate(chat_prompts, params, chat=True, concurrency=4)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert sum(o.num_accepted_tokens for o in outs) > 0

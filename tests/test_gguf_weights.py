@@ -69,7 +69,7 @@ def test_every_matrix_binds_to_its_blocks_and_the_forward_keeps_its_bits(tiny_di
     bound = gguf_weights.bind(model, tmp_path / "m.gguf", tmp_path)  # the default activations: int16
     mats = gguf_weights.matrices(model)
     assert set(bound) == set(mats) and bound["embed_tokens.weight"] == "Q8_0"
-    assert all(cpu_linear.reordered(w).dtype is torch.uint8 for w in mats.values())
+    assert gguf_weights.num_bound(model) == len(mats)
     assert (tmp_path / gguf_weights.CACHE_NAME).is_file()
     fixed = forward()
     for a, b in zip(before, fixed):  # activations rounded to 15-16 bits: close, not the same bits
@@ -133,3 +133,36 @@ def test_the_default_model_streams_its_own_q4_1_and_q8_0_blocks():
     model = load_model(DEFAULT_MODEL).model
     kinds = {cpu_linear.reordered(w).shape[-1] for w in gguf_weights.matrices(model).values()}
     assert len(gguf_weights.matrices(model)) == 121 and kinds == {gb.TILE_BYTES["Q4_1"], gb.TILE_BYTES["Q8_0"]}
+
+
+@pytest.mark.model
+def test_a_shard_given_the_directory_and_its_gguf_reads_the_blocks(default_model):
+    """Tensor-parallel shards load the converted directory; with the GGUF file it came from
+    (ShardSpec.gguf, which ShardGroup.create sets) their products read its blocks, as an in-process
+    engine's do. Without it they streamed the fp32 weights, 5.6x the bytes per decode step."""
+    from actors.model.loader import gguf_file, load_model
+    from actors.verifier_shard import ShardSpec, VerifierShard
+
+    path = gguf_file("smollm2-135m")
+    assert path is not None
+    assert gguf_weights.num_bound(load_model(default_model.model_dir).model) == 0  # the directory alone
+    shard = VerifierShard(ShardSpec(str(default_model.model_dir), 1, 16, 16, gguf=str(path)), 0)
+    info = shard.setup()
+    mats = gguf_weights.matrices(shard.verifier.model)
+    assert info["gguf_matrices"] == gguf_weights.num_bound(shard.verifier.model) == len(mats) > 0
+
+
+@pytest.mark.model
+def test_a_shard_group_of_a_gguf_model_hands_its_shards_the_file(default_model, monkeypatch):
+    """ShardGroup.create resolves the alias to the converted directory once and passes the GGUF file
+    beside it (the group's start is replaced here: no Ray)."""
+    from cluster import shard_group
+
+    specs = []
+    monkeypatch.setattr(shard_group.ShardGroup, "__init__", lambda self, spec, *a, **k: specs.append(spec))
+    shard_group.ShardGroup.create("smollm2-135m", 1, 16, 16, placement_group=object(), cpu_activations="int8")
+    shard_group.ShardGroup.create(str(default_model.model_dir), 1, 16, 16, placement_group=object())
+    (from_gguf, from_dir) = specs
+    assert from_gguf.model == from_dir.model == str(default_model.model_dir)
+    assert from_gguf.gguf is not None and from_gguf.gguf.endswith(".gguf") and from_dir.gguf is None
+    assert from_gguf.cpu_activations == "int8" and from_dir.cpu_activations == "auto"

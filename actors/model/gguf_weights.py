@@ -61,6 +61,11 @@ def matrices(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             and p.device.type == "cpu" and cpu_linear.packs(p)}
 
 
+def num_bound(model: torch.nn.Module) -> int:
+    """How many of ``model``'s matrices have their products read quantized blocks."""
+    return sum(cpu_linear.reordered(w).dtype is torch.uint8 for w in matrices(model).values())
+
+
 def bind(model: torch.nn.Module, gguf: Path, cache_dir: Path | None) -> dict[str, str]:
     """Bind each of ``model``'s matrices that a GGUF tensor's blocks reproduce exactly to those blocks'
     tiles (``cpu_linear.bind_reordered``); returns {parameter name: block kind} of those bound. Does

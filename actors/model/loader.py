@@ -172,9 +172,11 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 
 def load_model(spec: str | os.PathLike, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-               tp: TPContext = TPContext.single()) -> LoadedModel:
+               tp: TPContext = TPContext.single(), gguf: str | os.PathLike | None = None) -> LoadedModel:
     """Build and load the model (fp32 on CPU, bf16 elsewhere by default) with its tokenizer;
-    ``random:<shape>`` builds that shape with random weights on ``device`` (no files, no tokenizer)."""
+    ``random:<shape>`` builds that shape with random weights on ``device`` (no files, no tokenizer).
+    gguf: the GGUF file ``spec`` (an HF directory) was converted from, whose blocks the CPU products
+    then read as they do when ``spec`` is the file itself (tensor-parallel shards get the directory)."""
     device = torch.device(device)
     dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
     if registry.is_random(spec):
@@ -185,7 +187,7 @@ def load_model(spec: str | os.PathLike, dtype: torch.dtype | None = None, device
         model = LlamaForCausalLM(config, tp, dtype)
     load_safetensors(model, model_dir)
     model.eval()
-    source = gguf_file(spec)
+    source = Path(gguf) if gguf is not None else gguf_file(spec)
     if source is not None and device.type == "cpu" and dtype is torch.float32:
         gguf_weights.bind(model, source, model_dir)  # products stream the file's own blocks
     return LoadedModel(model, _LAZY, config, model_dir)

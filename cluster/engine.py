@@ -35,7 +35,6 @@ from cluster.runtime import (kv_blocks_for, kv_cache_dtype_for, kv_tiers_for, lo
 from cluster.shared_kv import attach_shared_kv
 from cluster.step_clock import StepClock
 from cluster.verification import processed_logits, step_argmax, tree_of, verify_tree
-from kernels import cpu_native
 
 log = logging.getLogger("specray.engine")
 
@@ -55,8 +54,6 @@ class LLMEngine:
         self.device, self.dtype = resolve_device_dtype(config.device, config.dtype)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        if verifier is None:  # a remote verifier's shards apply it in their own processes
-            cpu_native.use_activations(config.cpu_activations, self.device)
         loaded = loaded or load_target(config, self.device, self.dtype)
         if verifier is None:  # set on every engine: tests share one loaded model between engines
             set_attention_backend(loaded.model, config.attention_backend, self.device)

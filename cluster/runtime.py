@@ -145,9 +145,13 @@ def load_target(config, device: torch.device, dtype: torch.dtype):
 
 def local_verifier(config, model, device: torch.device, dtype: torch.dtype, num_blocks: int, max_model_len: int,
                    num_host: int, disk: DiskTierSpec | None):
-    """The in-process Verifier of ``model`` as ``config`` asks (KV tiers, graphs, weight offload)."""
+    """The in-process Verifier of ``model`` as ``config`` asks (KV tiers, graphs, weight offload, what
+    the CPU products multiply: set for this process, as a tensor-parallel shard sets it for its own)."""
     from actors.model.weight_offload import offload_layers_for
     from actors.verifier import Verifier
+    from kernels import cpu_native
+
+    cpu_native.use_activations(config.cpu_activations, device)
 
     offload = offload_layers_for(config.offload.layers, config.offload.weights_device_gb, model)
     return Verifier(model, num_blocks, config.block_size, device, dtype, num_host_blocks=num_host,

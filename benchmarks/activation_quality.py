@@ -29,6 +29,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+@torch.inference_mode()
 def teacher_forced(model, convs: list[list[int]], starts: list[int], device) -> tuple[float, list[list[int]]]:
     """Summed NLL of each conversation's tokens from ``starts[i]`` on, and the argmax at those positions."""
     from training.data import packed_hidden, token_batches
@@ -39,8 +40,7 @@ def teacher_forced(model, convs: list[list[int]], starts: list[int], device) -> 
         offset = 0
         for i in batch:
             n, s = len(convs[i]), starts[i]
-            with torch.inference_mode():
-                logp = torch.log_softmax(model.compute_logits(hidden[offset + s - 1:offset + n - 1]).float(), -1)
+            logp = torch.log_softmax(model.compute_logits(hidden[offset + s - 1:offset + n - 1]).float(), -1)
             target = torch.tensor(convs[i][s:], device=logp.device)
             nll -= float(logp.gather(1, target[:, None]).sum())
             argmax[i] = logp.argmax(-1).tolist()
@@ -74,7 +74,7 @@ def run(sample: int, seed: int, threads: int) -> list[dict]:
     forced = {}
     for mode in MODES:
         with cpu_native.activations(mode):
-            forced[mode] = teacher_forced(model, convs, starts, model_device(model))
+            forced[mode] = teacher_forced(model, convs, starts, engine.device)
     rows = []
     for mode in MODES:
         turns = [(d, len(r)) for a, r in zip(answers[mode], ref) if (d := first_difference(a, r)) is not None]
@@ -84,10 +84,6 @@ def run(sample: int, seed: int, threads: int) -> list[dict]:
                          nll=forced[mode][0] / tokens, top1_agreement=same_top1 / tokens))
     engine.shutdown()
     return rows
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def table(rows: list[dict]) -> str:

@@ -102,8 +102,8 @@ class ShardGroup:
 
         model_dir, gguf = resolve_model_dir(model), gguf_file(model)
         validate_tp(ModelConfig.from_dir(model_dir), tp_size, str(model))
-        spec = ShardSpec(str(model_dir), tp_size, num_blocks, block_size,
-                         **{"gguf": str(gguf) if gguf is not None else None, **spec_options})
+        spec = ShardSpec(str(model_dir), tp_size, num_blocks, block_size, gguf=None if gguf is None else str(gguf),
+                         **spec_options)
         use_gpu = torch.device(spec.device).type == "cuda"
         topology = topology or ReplicaTopology(tp_size=tp_size, use_gpu=use_gpu)
         if topology.tp_size != tp_size:

@@ -39,7 +39,9 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   one interface, so a remote KV service (``cluster.replica.RemoteKV``: an actor call) works like
   the in-process one; if it cannot answer, the KV series are left out of that scrape rather than
   reported as zeros;
-- HTTP answers by route and status (filled by the ingress middleware).
+- HTTP answers by route and status (filled by the ingress middleware);
+- ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process
+  (cluster/gc_pauses.py).
 
 The engine calls ``observe_step`` once per step and ``record_output`` once per emitted output;
 neither does per-token work.
@@ -58,6 +60,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from cluster import gc_pauses
 from cluster.heap import resident_bytes
 
 if TYPE_CHECKING:
@@ -132,6 +135,7 @@ class EngineMetrics:
             self.request_success.labels(finished_reason=reason)
         self._state = _EngineStateCollector()
         r.register(self._state)
+        gc_pauses.PAUSES.install()
 
     def watch(self, scheduler, kv, num_positions: int, guard: SpecGuard | None = None) -> None:
         """Read gauges from ``scheduler`` (running / waiting queues), ``kv`` (``stats()``) and the
@@ -241,6 +245,7 @@ class _EngineStateCollector:
         if rss is not None:
             yield GaugeMetricFamily(P + "process_resident_memory_bytes", "Resident memory of the engine's process",
                                     value=rss)
+        yield from gc_pauses.metric_families(P)
         yield from self._guard_metrics()
         if self.weight_offload is not None:
             yield from _weight_offload_metrics(self.weight_offload())

@@ -135,6 +135,7 @@ class OpenAIIngress(GrpcGenerationMixin):
     def __init__(self, args: dict, kv_tier=None):
         """kv_tier: the application's SharedKVTierHost (bound so that Serve starts it with the app;
         the engine finds the tier actor by name)."""
+        from cluster.gc_pauses import freeze_loaded
         from deployments.engine_factory import build_engine
 
         sargs = ServeArgs.model_validate(args)
@@ -152,6 +153,7 @@ class OpenAIIngress(GrpcGenerationMixin):
         replica_state.bind(ReplicaState(GuardSettings(api_key, sargs.max_request_bytes), engine.metrics,
                                         ctx.replica_id.unique_id))
         self.metrics_publisher = ReplicaMetricsPublisher.for_current_replica(engine.metrics)
+        freeze_loaded()  # the replica's loaded objects out of the garbage collector's full passes
 
     @app.get("/health")
     async def health(self):

@@ -240,6 +240,19 @@ def test_chat_logprobs_of_greedy_tokens_are_the_top_ones(base_url):
     assert [i["logprob"] for i in streamed] == pytest.approx([i["logprob"] for i in content], abs=1e-4)
 
 
+def test_the_replica_froze_its_loaded_objects_out_of_the_collectors_way(base_url):
+    """A replica moves what it loaded (model, libraries, Ray, Serve) into the collector's permanent
+    generation once its engine is up (cluster/gc_pauses.py), so a full collection never walks them
+    mid-stream; /metrics shows how many and times every collection."""
+    assert _gauge(base_url, "specray:gc_frozen_objects") > 10_000
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{base_url}/metrics", timeout=30).text
+    pauses = next(fam for fam in text_string_to_metric_families(text) if fam.name == "specray:gc_pause_seconds")
+    full = [s.value for s in pauses.samples if s.name.endswith("_count") and s.labels["generation"] == "2"]
+    assert full and full[0] >= 1  # at least the freeze's own collection
+
+
 def test_omitted_max_tokens_runs_to_the_end(base_url):
     """No max_tokens: until EOS or the context end, not a small default."""
     r = _post(base_url, "chat/completions", {"messages": [{"role": "user", "content": "Count from 1 to 40."}],
@@ -298,3 +311,4 @@ def test_delete_lets_streams_in_flight_finish(base_url):
             break
         time.sleep(0.3)
     assert APP not in serve.status().applications
+

@@ -38,52 +38,15 @@ the host tier and from disk.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import ClassVar
 
+from actors.kv_block import BROKEN_CHAIN, ROOT_CHAIN, Block, SeqTable, block_hash
 from actors.kv_disk_tier import DiskTier
 from actors.kv_host_tier import BlockCopy, HostEntry, HostTier
 from actors.kv_invariants import check_allocator, check_count as _check_count, expect as _expect
 from actors.kv_tiers import LowerTiers
 
-_ROOT = 0  # chain id of the empty prefix
-_BROKEN = -1  # chain state after a hash collision: nothing further of that sequence is registered
-
-
 class OutOfBlocksError(RuntimeError):
     """Not enough free KV blocks: ask with the matching `can_*` first, or preempt a sequence."""
-
-
-def block_hash(prev_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Chained hash of one full block: hash of (previous block's hash, this block's tokens)."""
-    return hash((prev_hash, token_ids))
-
-
-@dataclass(slots=True)
-class Block:
-    tier: ClassVar[str] = "device"
-    id: int
-    ref_count: int = 0
-    hash: int | None = None  # not None iff the block is registered in the prefix cache
-    token_ids: tuple[int, ...] | None = None  # the block's tokens while registered
-    chain_id: int = _ROOT  # unique id of the verified token prefix ending with this block
-    parent_chain_id: int = _ROOT
-
-    def clear(self) -> None:
-        self.hash = None
-        self.token_ids = None
-        self.chain_id = self.parent_chain_id = _ROOT
-
-
-@dataclass(slots=True)
-class _Seq:
-    blocks: list[int]
-    num_tokens: int
-    num_committed: int
-    prev_hash: int | None = None  # hash state after block num_committed // block_size - 1
-    prev_chain_id: int = _ROOT
-    host_hit_tokens: int = 0  # of the prefix hit at allocate, tokens loaded from the host tier
-    disk_hit_tokens: int = 0  # ... and from the disk tier
 
 
 class KVBlockAllocator:
@@ -105,9 +68,9 @@ class KVBlockAllocator:
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}  # hash -> block id
-        self._seqs: dict[int, _Seq] = {}
+        self._seqs: dict[int, SeqTable] = {}
         self.swapped: dict = {}  # seq_id -> actors.kv_swap.SwappedSeq: preempted, its blocks in held host slots
-        self._next_chain_id = _ROOT + 1
+        self._next_chain_id = ROOT_CHAIN + 1
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -203,7 +166,7 @@ class KVBlockAllocator:
         blocks += [self._take_fresh() for _ in range(self._blocks_for(total) - len(hits))]
         hit_tokens = len(hits) * self.block_size
         host_tokens, disk_tokens = (sum(b.tier == t for b in hits) * self.block_size for t in ("host", "disk"))
-        self._seqs[seq_id] = _Seq(blocks, total, hit_tokens, prev_hash, prev_chain_id, host_tokens, disk_tokens)
+        self._seqs[seq_id] = SeqTable(blocks, total, hit_tokens, prev_hash, prev_chain_id, host_tokens, disk_tokens)
         self.prefix_queries += len(token_ids)
         self.prefix_hits += hit_tokens
         self.host_hits += host_tokens
@@ -280,16 +243,16 @@ class KVBlockAllocator:
                 self._register(s, self._blocks[s.blocks[i]], tuple(token_ids[i * bs:(i + 1) * bs]))
         s.num_committed = num_committed
 
-    def _register(self, s: _Seq, block: Block, toks: tuple[int, ...]) -> None:
+    def _register(self, s: SeqTable, block: Block, toks: tuple[int, ...]) -> None:
         h = self._hash(s.prev_hash, toks)
         s.prev_hash = h
-        if s.prev_chain_id == _BROKEN:
+        if s.prev_chain_id == BROKEN_CHAIN:
             return
         other_id = self._cached.get(h)
         if other_id is None:
             self._set_cached(block, h, toks, s.prev_chain_id, self._lower_chain_id(h, toks, s.prev_chain_id))
         elif not self._matches(self._blocks[other_id], toks, s.prev_chain_id):
-            s.prev_chain_id = _BROKEN  # collision: a different prefix owns this hash
+            s.prev_chain_id = BROKEN_CHAIN  # collision: a different prefix owns this hash
             return
         elif self._blocks[other_id].ref_count == 0:
             # Same content sits free in the cache: retire it, `block` takes its place and chain id
@@ -333,7 +296,7 @@ class KVBlockAllocator:
         check_allocator(self)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _seq(self, seq_id: int) -> _Seq:
+    def _seq(self, seq_id: int) -> SeqTable:
         s = self._seqs.get(seq_id)
         if s is None:
             raise KeyError(f"unknown seq_id {seq_id!r}: no block table")
@@ -357,7 +320,7 @@ class KVBlockAllocator:
         """Longest verified cached prefix of whole blocks (device, else host tier), never including
         the last token."""
         hits: list[Block | HostEntry] = []
-        prev_hash, prev_chain_id = None, _ROOT
+        prev_hash, prev_chain_id = None, ROOT_CHAIN
         if not self.enable_prefix_caching:
             return hits, prev_hash, prev_chain_id
         bs = self.block_size

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-_ROOT = 0  # chain id of the empty prefix
+from actors.kv_block import ROOT_CHAIN, block_hash
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class SharedKVTier:
         self.capacity_bytes = capacity_bytes
         self.block_size = block_size
         self._entries: OrderedDict[int, SharedEntry] = OrderedDict()  # hash -> entry, LRU first
-        self._next_chain_id = _ROOT + 1
+        self._next_chain_id = ROOT_CHAIN + 1
         self._roots: dict[str, int] = {}  # layout -> chain id of its empty prefix
         self.bytes_held = 0
         self.stats_ = {"put_blocks": 0, "put_bytes": 0, "put_rejected": 0, "evicted_blocks": 0,
@@ -164,7 +164,7 @@ class SharedKVTier:
         return e.token_ids == toks and e.parent_chain_id == parent_chain_id
 
     def _hash(self, prev_hash: int | None, toks: tuple[int, ...]) -> int:
-        return hash((prev_hash, toks))  # a method so tests can force collisions
+        return block_hash(prev_hash, toks)  # a method so tests can force collisions
 
     def _own(self, payload):
         """The payload to keep for a newly stored block (in-process: as given)."""

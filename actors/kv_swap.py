@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from actors.kv_allocator import KVBlockAllocator, OutOfBlocksError, _Seq
+from actors.kv_allocator import KVBlockAllocator, OutOfBlocksError
+from actors.kv_block import SeqTable
 
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 SWAP, RECOMPUTE = "swap", "recompute"
@@ -30,7 +31,7 @@ SWAP, RECOMPUTE = "swap", "recompute"
 
 @dataclass(slots=True)
 class SwappedSeq:
-    seq: _Seq  # the allocator's record: no blocks, num_tokens = num_committed, chain state kept
+    seq: SeqTable  # the allocator's record: no blocks, num_tokens = num_committed, chain state kept
     slots: list[int]  # held host slots of its blocks 0 .. len(slots) - 1 (its committed KV), in order
 
 

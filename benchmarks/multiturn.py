@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.kv_bench_engines import EngineFactory, greedy_params
 from benchmarks.metrics_math import percentile
-from benchmarks.multiturn_workload import (Conversation, blocks, build_workload, document_ids, multiturn_sizes,
-                                          next_prompt, parse_range, preemption_sizes)
+from benchmarks.multiturn_workload import (Conversation, blocks, build_workload, multiturn_sizes, next_prompt,
+                                          parse_range, preemption_sizes)
+from benchmarks.preemption_bench import PREEMPT_MODES, preemption_table, run_preemption
 from benchmarks.report import fmt, machine_info, md_table
 
 
@@ -51,35 +52,6 @@ class TurnRecord:
     output_tokens: int
 
 
-class EngineFactory:
-    """Engines over one loaded model (loaded once; each engine gets its own KV pools)."""
-
-    def __init__(self, model: str, loaded, device: str = "auto", draft: str = "none", threads: int | None = None,
-                 block_size: int = 16):
-        self.model, self.loaded, self.device, self.draft = model, loaded, device, draft
-        self.threads, self.block_size = threads, block_size
-
-    def make(self, num_kv_blocks: int, max_num_seqs: int, kv_offload: dict | None = None):
-        from cluster.config import EngineConfig, SpeculativeConfig
-        from cluster.engine import LLMEngine
-
-        spec = SpeculativeConfig.from_draft_arg(self.draft, 5, None, adaptive=True)
-        cfg = EngineConfig(model=self.model, device=self.device, speculative=spec, max_num_seqs=max_num_seqs,
-                           block_size=self.block_size, num_kv_blocks=num_kv_blocks, num_threads=self.threads,
-                           kv_offload=kv_offload or {})
-        engine = LLMEngine(cfg, loaded=self.loaded)
-        warm = document_ids(engine.tokenizer, random.Random("warmup"), min(600, engine.max_model_len // 2), 0)
-        engine.generate([warm[::-1]], _params(4))  # reversed: no prefix in common with the workload
-        return engine
-
-
-def _params(max_tokens: int, ignore_eos: bool = False):
-    from actors.sampling_params import SamplingParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
-
-
-# ---- 1. multi-turn ------------------------------------------------------------------------------
 def run_conversations(engine, convs: list[Conversation], max_tokens: int, concurrency: int):
     """Turn-major order (all turn 1s, then all turn 2s, ...), at most ``concurrency`` in flight; a
     turn starts once its conversation's previous turn has finished. Returns (records, outputs,
@@ -91,7 +63,7 @@ def run_conversations(engine, convs: list[Conversation], max_tokens: int, concur
     outputs: list[list[list[int]]] = [[] for _ in range(n)]
     flight: dict[str, tuple[int, int]] = {}
     records: list[TurnRecord] = []
-    params = _params(max_tokens)
+    params = greedy_params(max_tokens)
     start = time.perf_counter()
     while queue or flight:
         while queue and len(flight) < concurrency and len(outputs[queue[0][1]]) == queue[0][0]:
@@ -176,59 +148,6 @@ def multiturn_table(rows: list[dict]) -> str:
                             fmt(r.get("ttft_later_vs_no_tier"), "{:.2f}x"), hits(r["hit_rate"]),
                             hits(r["hit_rate_later"]), fmt(r["wall_s"], "{:.1f}"),
                             "yes" if r.get("same_outputs_as_no_tier") else "NO"] for r in rows])
-
-
-# ---- 2. preemption ------------------------------------------------------------------------------
-PREEMPT_MODES = ("swap", "recompute", "auto", "recompute-no-tier")
-
-
-def preempt_offload(mode: str, host_blocks: int) -> dict | None:
-    """``recompute-no-tier``: today's default without a host tier (a preempted request's prefix
-    blocks stay cached only while the device pool keeps them); the others share one host tier."""
-    return None if mode == "recompute-no-tier" else {"host_blocks": host_blocks, "preemption": mode}
-
-
-def run_preemption(factory: EngineFactory, prompts: list[list[int]], max_tokens: int, concurrency: int,
-                   device_blocks: int, host_blocks: int, modes: tuple[str, ...] = ("swap", "recompute")):
-    """One row per preemption mode (same device pool, same host tier) and each mode's outputs."""
-    rows, outputs = [], {}
-    for mode in modes:
-        engine = factory.make(device_blocks, concurrency, preempt_offload(mode, host_blocks))
-        try:
-            start = time.perf_counter()
-            outs = engine.generate(prompts, _params(max_tokens, ignore_eos=True), concurrency=concurrency)
-            wall = time.perf_counter() - start
-            stats = engine.kv.stats()
-            counts = dict(engine.scheduler.preemptions)
-        finally:
-            engine.shutdown()
-        errors = [o.error for o in outs if o.finish_reason == "error"]
-        if errors:
-            raise RuntimeError(f"--kv-preemption {mode}: {len(errors)} requests failed: {errors[0]}")
-        outputs[mode] = [o.token_ids for o in outs]
-        tokens = sum(o.num_output_tokens for o in outs)
-        rows.append({"mode": mode, "requests": len(outs), "concurrency": concurrency, "device_blocks": device_blocks,
-                     "output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "preemptions": counts,
-                     "ttft_p50_s": percentile([o.ttft_s for o in outs], 50),
-                     "e2e_p50_s": percentile([o.e2e_s for o in outs], 50), "kv_stats": stats})
-        print(preemption_table(rows[-1:]), file=sys.stderr, flush=True)
-    same = all(o == outputs[modes[0]] for o in outputs.values())
-    for r in rows:
-        r["same_outputs"] = same
-    return rows, outputs
-
-
-def preemption_table(rows: list[dict]) -> str:
-    head = ["preemption", "requests", "c", "device blocks", "output tokens", "tok/s", "preemptions swap / recompute",
-            "blocks swapped out / in", "prefix blocks loaded from host", "TTFT p50 ms", "E2E p50 s", "wall s"]
-    return md_table(head, [[r["mode"], str(r["requests"]), str(r["concurrency"]), str(r["device_blocks"]),
-                            str(r["output_tokens"]), fmt(r["tokens_per_s"], "{:.1f}"),
-                            f"{r['preemptions']['swap']} / {r['preemptions']['recompute']}",
-                            f"{r['kv_stats'].get('host_blocks_swapped_out', 0)} / "
-                            f"{r['kv_stats'].get('host_blocks_swapped_in', 0)}",
-                            str(r["kv_stats"].get("host_blocks_loaded", 0)),
-                            fmt(r["ttft_p50_s"], "{:.0f}", 1e3), fmt(r["e2e_p50_s"]), fmt(r["wall_s"], "{:.1f}")]
-                           for r in rows])
 
 
 # ---- sizes, report, command line ----------------------------------------------------------------

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.multiturn import (EngineFactory, main, multiturn_sizes, preemption_sizes, run_multiturn,
-                                  run_preemption)
+from benchmarks.kv_bench_engines import EngineFactory
+from benchmarks.multiturn import main, multiturn_sizes, preemption_sizes, run_multiturn
+from benchmarks.preemption_bench import run_preemption
 from benchmarks.multiturn_workload import build_workload, next_prompt
 from tests.tiny import _load
 

@@ -1,44 +1,22 @@
 """`specray bench` / `specray tune`: bad input, one small in-process run on the default model
-(JSON + Markdown + PNG), the HTTP client against a fake OpenAI-compatible streaming server, the
-transformers peers and a tune run. The arithmetic is in tests/test_bench_metrics.py."""
+(JSON + Markdown + PNG), the transformers peers and a tune run. The HTTP client is in
+tests/test_bench_url.py, the arithmetic in tests/test_bench_metrics.py."""
 from __future__ import annotations
 
-import asyncio
 import json
-import math
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI, Request  # module level: the fake app's string annotations resolve here
-from fastapi.responses import StreamingResponse
 
 from benchmarks.prompt_set import load_prompt_set
 from cluster.cli import main
+from tests.bench_cli import run_cli, write_prompts
 from tests.ports import free_port
-
-SHORT_PROMPTS = {
-    "short_qa": ["What is 2+2?", "Name a primary color.", "What is the capital of France?", "Define gravity briefly."],
-    "code_generation": ["Write a Python function that adds two numbers.", "Write a bash command to list files."],
-    "translation": ["Translate to French: Good morning, my friend.", "Translate to German: The cat sleeps."],
-}
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
 
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
-    """8 short chat prompts in 3 categories, the bench500 line shape."""
-    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    lines = [{"id": f"{c}-{i}", "category": c, "messages": [{"role": "user", "content": p}], "max_tokens": 64}
-             for c, ps in SHORT_PROMPTS.items() for i, p in enumerate(ps)]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
+    return write_prompts(tmp_path_factory.mktemp("prompts") / "p.jsonl")
 
 
 def test_prompt_set_names_the_bad_line(tmp_path):
@@ -169,140 +147,6 @@ def test_peer_ratio_compares_with_the_fixed_k_run_not_the_adaptive_one():
     peer = PeerResult("transformers.prompt_lookup", "ngram", 5, 100, 10.0, 10.0)
     attach_ratios([peer], rows)
     assert peer.specray_tokens_per_s == 30.0 and peer.ratio == pytest.approx(3.0)
-
-
-# ---- the HTTP client against a fake OpenAI-compatible streaming server -------------------------
-
-TOKEN_DELAY_S = 0.02
-
-
-def _fake_openai_app(seen: list[dict], peaks: list[tuple[int, int]]):
-    """Streams max_tokens words; with spec_tokens > 0 two tokens per step (half the delay) and a
-    specray-style speculation object in the usage chunk (one of K drafts accepted per step).
-    ``peaks`` gets (max_tokens, the most requests in flight while this one streamed) per request."""
-    app = FastAPI()
-    in_flight = [0]
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": "fake-spec", "object": "model", "created": 0, "owned_by": "t"}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: Request):
-        body = await req.json()
-        seen.append(body)
-        n, k = body["max_tokens"], body.get("spec_tokens") or 0
-        per_step = 2 if k else 1
-
-        def chunk(delta, finish=None, **extra):
-            return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0,
-                                          "model": "fake-spec", "choices": [] if delta is None else [
-                                              {"index": 0, "delta": delta, "finish_reason": finish}], **extra}) + "\n\n"
-
-        async def stream():
-            in_flight[0] += 1
-            peak, counted = in_flight[0], True
-            try:
-                yield chunk({"role": "assistant", "content": ""})
-                for i in range(0, n, per_step):
-                    await asyncio.sleep(TOKEN_DELAY_S)
-                    peak = max(peak, in_flight[0])
-                    for j in range(i, min(i + per_step, n)):
-                        yield chunk({"content": f"w{j} "})
-                # out of the count before the client can see the answer end (and send its next one)
-                in_flight[0] -= 1
-                counted = False
-                peaks.append((n, peak))
-                yield chunk({}, "length")
-                steps = math.ceil(n / per_step)
-                spec = {"num_drafts": steps, "num_draft_tokens": steps * k, "num_accepted_tokens": steps,
-                        "acceptance_rate": 1 / k, "accepted_per_pos": [steps]} if k else None
-                usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
-                yield chunk(None, usage=usage, speculation=spec)
-                yield "data: [DONE]\n\n"
-            finally:
-                in_flight[0] -= counted
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    return app
-
-
-@pytest.fixture(scope="module")
-def fake_server():
-    import uvicorn
-
-    seen: list[dict] = []
-    peaks: list[tuple[int, int]] = []
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_fake_openai_app(seen, peaks), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}", seen, peaks
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
-def test_url_bench_streams_with_parallel_clients(capsys, prompts_file, fake_server):
-    url, seen, peaks = fake_server
-    peaks.clear()
-    code, out, err = run_cli(capsys, "bench", "--url", url, "--prompts", str(prompts_file), "--sample", "4",
-                           "--concurrency", "1,2", "--temperature", "0.7", "--spec-tokens", "2",
-                           "--max-tokens", "6", "--seed", "11", "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    runs = {(r["method"], r["concurrency"]): r for r in doc["runs"]}
-    assert set(runs) == {("none", 1), ("none", 2), ("fake-spec", 1), ("fake-spec", 2)}
-    measured = [b for b in seen if b["max_tokens"] == 6]  # the warm-up requests ask for 8 tokens
-    assert len(measured) == 16
-    assert sorted({b["spec_tokens"] for b in measured}) == [0, 2]
-    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in measured)
-    assert sorted({b["seed"] for b in measured}) == [11, 12, 13, 14] and {b["temperature"] for b in measured} == {0.7}
-    for (method, c), r in runs.items():
-        assert r["output_tokens"] == 4 * 6 and r["num_errors"] == 0
-        assert r["ttft_p50_s"] >= TOKEN_DELAY_S and r["e2e_p50_s"] > r["ttft_p50_s"]
-        if method == "fake-spec":
-            assert r["acceptance_rate"] == pytest.approx(0.5) and r["mean_accepted_length"] == pytest.approx(2.0)
-            assert r["per_position_acceptance"] == [1.0]
-        # the speedup is this run's tokens/s over the baseline's at the same concurrency (how fast
-        # the fake server was on this box is no test's business)
-        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / runs[("none", c)]["tokens_per_s"])
-    # clients run in parallel, never more of them than the concurrency: the c=1 requests stream
-    # alone, and c=2 requests overlap
-    measured_peaks = [p for n, p in peaks if n == 6]
-    assert len(measured_peaks) == 16 and measured_peaks.count(1) >= 8 and max(measured_peaks) == 2, measured_peaks
-
-
-def test_url_bench_runs_prompt_sets_side_by_side(capsys, prompts_file, fake_server, tmp_path):
-    other = tmp_path / "other_set.jsonl"
-    other.write_text(prompts_file.read_text())
-    code, out, err = run_cli(capsys, "bench", "--url", fake_server[0], "--prompts", f"{prompts_file},{other}",
-                             "--sample", "2", "--concurrency", "1", "--spec-tokens", "2", "--max-tokens", "4", "--json")
-    assert code == 0, err
-    sets = json.loads(out)["sets"]
-    assert list(sets) == [prompts_file.stem, "other_set"]
-    for doc in sets.values():
-        assert doc["prompts"]["num_prompts"] == 2 and {r["method"] for r in doc["runs"]} == {"none", "fake-spec"}
-    code, _, err = run_cli(capsys, "bench", "--url", fake_server[0], "--prompts", f"{prompts_file},{prompts_file}")
-    assert code == 2 and "two sets named alike" in err
-
-
-def test_url_bench_unseeded_sends_no_seeds(capsys, prompts_file, fake_server):
-    url, seen, _ = fake_server
-    before = len(seen)
-    code, out, err = run_cli(capsys, "bench", "--url", url, "--prompts", str(prompts_file), "--sample", "2",
-                             "--concurrency", "1", "--temperature", "1.0", "--spec-tokens", "2",
-                             "--max-tokens", "5", "--unseeded", "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    measured = [b for b in seen[before:] if b["max_tokens"] == 5]
-    assert len(measured) == 4 and all(b.get("seed") is None and b["temperature"] == 1.0 for b in measured)
-    assert doc["settings"]["sampling"] == "unseeded" and "--unseeded" in doc["command"]
 
 
 def test_ab_adaptive_alternates_and_prints_ratios(capsys, prompts_file, default_model_dir):

@@ -15,6 +15,7 @@ error within a bounded time instead of a hang.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # the only way to shorten it after joining
 
+from actors.gc_pauses import freeze_loaded
 from actors.model import gguf_weights
 from actors.model.attention import copy_kv_slots
 from actors.model.attention_backends import set_attention_backend
@@ -147,7 +149,8 @@ class VerifierShard:
         return dict(rank=self.rank, tp_size=self.world, pid=os.getpid(), host=_node_ip(), address=self.address,
                     param_bytes=v.model.param_bytes(), kv_cache_bytes=kv, num_layers=self.num_layers,
                     kv_heads_per_rank=v.model.num_kv_heads_per_rank, backend=self.backend if self.world > 1 else None,
-                    gguf_matrices=gguf_weights.num_bound(v.model))  # products reading the GGUF's blocks
+                    gguf_matrices=gguf_weights.num_bound(v.model),  # products reading the GGUF's blocks
+                    gc_frozen_objects=gc.get_freeze_count())  # actors/gc_pauses.py
 
     def _ready(self) -> Verifier:
         if self.verifier is None:
@@ -294,11 +297,21 @@ def _node_ip() -> str:
     return "127.0.0.1"
 
 
+class _ShardProcess(VerifierShard):
+    """Actor form: the shard owns its process for the group's lifetime, so what setup loaded is moved
+    out of the garbage collector's full passes (actors/gc_pauses.py) before the first step."""
+
+    def setup(self, host: str | None = None, port: int | None = None) -> dict:
+        super().setup(host, port)
+        freeze_loaded()
+        return self.info()
+
+
 def _make_actor_class():
     import ray
 
     # threaded: serve_loop() runs for the group's lifetime while ping()/param_bytes() still answer
-    return ray.remote(max_concurrency=4, max_restarts=0)(VerifierShard)
+    return ray.remote(max_concurrency=4, max_restarts=0)(_ShardProcess)
 
 
 def __getattr__(name: str):

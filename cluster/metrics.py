@@ -41,7 +41,7 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   reported as zeros;
 - HTTP answers by route and status (filled by the ingress middleware);
 - ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process
-  (cluster/gc_pauses.py).
+  (actors/gc_pauses.py).
 
 The engine calls ``observe_step`` once per step and ``record_output`` once per emitted output;
 neither does per-token work.
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cluster import gc_pauses
+from actors import gc_pauses
 from cluster.heap import resident_bytes
 
 if TYPE_CHECKING:

@@ -135,7 +135,7 @@ class OpenAIIngress(GrpcGenerationMixin):
     def __init__(self, args: dict, kv_tier=None):
         """kv_tier: the application's SharedKVTierHost (bound so that Serve starts it with the app;
         the engine finds the tier actor by name)."""
-        from cluster.gc_pauses import freeze_loaded
+        from actors.gc_pauses import freeze_loaded
         from deployments.engine_factory import build_engine
 
         sargs = ServeArgs.model_validate(args)

@@ -1,4 +1,4 @@
-"""Python's garbage collector in a serving process (cluster/gc_pauses.py): every collection's pause
+"""Python's garbage collector in a serving process (actors/gc_pauses.py): every collection's pause
 is recorded by generation and exported as a Prometheus histogram, and ``freeze_loaded`` moves the
 loaded objects out of the collector's full passes (checked in a child process: a freeze is
 process-wide, and the test process must not keep its engines' garbage)."""
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster import gc_pauses
-from cluster.gc_pauses import BUCKETS, PauseRecorder
+from actors import gc_pauses
+from actors.gc_pauses import BUCKETS, PauseRecorder
 from cluster.metrics import EngineMetrics, merge_snapshots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_engine_metrics_export_the_pauses_and_frozen_objects_and_replicas_sum():
 
 CHILD = """
 import gc, json, time
-from cluster.gc_pauses import freeze_loaded
+from actors.gc_pauses import freeze_loaded
 keep = [[i] for i in range(300_000)]  # long-lived containers, as a loaded model's libraries leave
 t = time.perf_counter(); gc.collect(); before = time.perf_counter() - t
 frozen = freeze_loaded()

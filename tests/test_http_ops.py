@@ -242,7 +242,7 @@ def test_chat_logprobs_of_greedy_tokens_are_the_top_ones(base_url):
 
 def test_the_replica_froze_its_loaded_objects_out_of_the_collectors_way(base_url):
     """A replica moves what it loaded (model, libraries, Ray, Serve) into the collector's permanent
-    generation once its engine is up (cluster/gc_pauses.py), so a full collection never walks them
+    generation once its engine is up (actors/gc_pauses.py), so a full collection never walks them
     mid-stream; /metrics shows how many and times every collection."""
     assert _gauge(base_url, "specray:gc_frozen_objects") > 10_000
     from prometheus_client.parser import text_string_to_metric_families

@@ -66,6 +66,8 @@ def test_tp2_per_rank_parameter_bytes_are_about_half(tiny_group, tiny_target_dir
     for b in per_rank:
         assert 0.4 <= b / full <= 0.65, (b, full)
     assert [i["kv_heads_per_rank"] for i in tiny_group.rank_info] == [1, 1]  # KV cache split by heads
+    # each rank's process moved what it loaded out of the garbage collector's full passes
+    assert all(i["gc_frozen_objects"] > 10_000 for i in tiny_group.rank_info), tiny_group.rank_info
 
 
 @pytest.mark.ray

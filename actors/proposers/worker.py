@@ -23,12 +23,14 @@ Wire protocol (everything pickles; no torch.Generator crosses the wire):
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from actors.gc_pauses import freeze_loaded
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.ngram import NgramProposer
 from actors.sampling_params import SamplingParams
@@ -168,7 +170,8 @@ class DrafterWorker:
         alloc = getattr(self.proposer, "allocator", None)  # the draft model's own KV blocks
         return {"pid": os.getpid(), "drafter": self.spec.describe(), "num_calls": self.num_calls,
                 "num_sequences": len(self.history), "threads": torch.get_num_threads(),
-                "free_blocks": None if alloc is None else alloc.num_free_blocks}
+                "free_blocks": None if alloc is None else alloc.num_free_blocks,
+                "gc_frozen_objects": gc.get_freeze_count()}  # actors/gc_pauses.py
 
 
 def _to_cpu(tree: TokenTree) -> TokenTree:
@@ -183,6 +186,7 @@ class _DrafterActor(DrafterWorker):
     def __init__(self, spec: DrafterSpec):
         torch.set_num_threads(spec.num_threads)
         super().__init__(spec)
+        freeze_loaded()  # its own process for the deployment's lifetime (actors/gc_pauses.py)
 
 
 _ACTOR_CLASS = None

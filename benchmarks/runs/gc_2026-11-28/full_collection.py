@@ -8,7 +8,7 @@ from cluster.engine import LLMEngine
 from actors.sampling_params import SamplingParams
 eng = LLMEngine(EngineConfig(speculative=SpeculativeConfig(method=sys.argv[1])))
 if len(sys.argv) > 2 and sys.argv[2] == "freeze":
-    from cluster.gc_pauses import freeze_loaded
+    from actors.gc_pauses import freeze_loaded
     freeze_loaded()
 print("objects tracked", len(gc.get_objects()), "frozen", gc.get_freeze_count())
 events = []; start = {}

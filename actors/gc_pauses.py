@@ -15,7 +15,8 @@ up (deployments/app.py), a verifier shard actor after its setup, a drafter worke
 loading; never where engines come and go in one process (tests, in-process CLI calls): frozen
 objects that later become cyclic garbage are never freed.
 
-``SPECRAY_GC_FREEZE=0`` in the replica's environment turns the freeze off.
+``SPECRAY_GC_FREEZE=0`` in those processes' environment (a Serve config's runtime_env, or the shell
+that starts ``specray serve``) turns the freeze off.
 
 ``PAUSES`` times every collection, by generation (``gc.callbacks``, installed by ``install()``);
 ``cluster.metrics`` exports it as the histogram ``specray:gc_pause_seconds{generation}``, and
@@ -82,8 +83,9 @@ PAUSES = PauseRecorder()
 
 
 def freeze_loaded() -> int:
-    """Collect, then move every surviving object to the permanent generation; returns how many are
-    frozen now (0 when ``SPECRAY_GC_FREEZE=0``). Call once the engine is built and warmed up."""
+    """Collect, then move every surviving object to the permanent generation (nothing when
+    ``SPECRAY_GC_FREEZE=0``); returns how many objects are frozen now. Call once what the process
+    serves with is loaded and warmed up."""
     if os.environ.get("SPECRAY_GC_FREEZE", "1") == "0":
         log.info("gc: SPECRAY_GC_FREEZE=0, nothing frozen")
         return gc.get_freeze_count()

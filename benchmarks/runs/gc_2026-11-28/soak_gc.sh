@@ -1,5 +1,6 @@
 #!/bin/bash
-# usage: run.sh FREEZE(0|1) PORT MINUTES -> soak against a local server, then its gc/TPOT metrics
+# usage: benchmarks/runs/gc_2026-11-28/soak_gc.sh FREEZE(0|1) PORT MINUTES: `specray serve` (SPECRAY_GC_FREEZE=FREEZE),
+# a soak against it, then its /metrics (gc pauses, TPOT) and the soak's last lines
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 F=$1; PORT=$2; MIN=$3; OUT=benchmarks/runs/gc_2026-11-28/freeze$F

@@ -20,6 +20,7 @@ import torch
 from benchmarks.op_count import count_ops
 from benchmarks.report import md_table
 from benchmarks.step_costs import device_median_s
+from cluster.config import engine_choices
 
 K, TREE_WIDTH = 5, 3
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+    ap.add_argument("--attention-backend", default="auto", choices=engine_choices("attention_backend"),
                     help="the target's backend, which the head borrows (auto: as the engine runs)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

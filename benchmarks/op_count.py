@@ -43,6 +43,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from cluster.config import engine_choices
+
 SCOPE = "specray.layer."
 TREE_PARENTS = [-1, 0, 1, 1, 2, 3, 4, 5, 0, 8]  # 10 nodes, depth 4: two branches under the root
 CHAIN_K = 5
@@ -209,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=128, help="tokens already cached per sequence")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time each step: median of N")
-    ap.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+    ap.add_argument("--attention-backend", default="auto", choices=engine_choices("attention_backend"),
                     help="the model's attention and fused ops, as the engine sets them (auto: as it runs)")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=engine_choices("kv_cache_dtype"),
                     help="the KV cache's dtype (auto: the model's; bfloat16 needs the native backend on CPU)")
     ap.add_argument("--layer-by-layer", action="store_true",
                     help="native backend: run the layers one by one (their ops per layer) instead of as one op")

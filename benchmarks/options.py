@@ -10,6 +10,7 @@ from pathlib import Path
 
 from benchmarks.prompt_set import BenchPrompt, default_prompts_path, load_prompt_set, stratified_sample
 from benchmarks.results import BASELINE
+from cluster.config import engine_choices
 
 BUILTIN_METHODS = ("none", "ngram", "layerskip:N", "default", "default-chain", "eagle", "eagle:PATH", "default:PATH")
 
@@ -163,12 +164,12 @@ def add_common_args(p, concurrency: str, spec_tokens: str) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None, metavar="GB",
                    help="KV cache size of the in-process engine (default: the engine's); high concurrency "
                         "with long prompts needs more, or the scheduler holds requests back")
-    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+    p.add_argument("--attention-backend", default="auto", choices=engine_choices("attention_backend"),
                    help="the in-process target's attention and fused ops (auto: triton on CUDA, native on CPU)")
-    p.add_argument("--cpu-activations", default="auto", choices=("auto", "int16", "int8", "float32"),
+    p.add_argument("--cpu-activations", default="auto", choices=engine_choices("cpu_activations"),
                    help="the in-process target's CPU products over GGUF blocks (auto: SPECRAY_CPU_ACTIVATIONS, "
                         "default int16; int8: faster verification, other logits)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    p.add_argument("--kv-cache-dtype", default="auto", choices=engine_choices("kv_cache_dtype"),
                    help="the in-process target's KV cache dtype (auto: the model's; bfloat16 under a float32 "
                         "model: half the bytes decode attention reads, other logits)")
     p.add_argument("--offload-layers", type=int, default=0, metavar="N",

@@ -19,7 +19,7 @@ class BadInput(Exception):
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The engine's flags (model, draft, speculation shape, batch and KV sizes, device): every command
     that builds an engine takes them (generate, serve, the batch job)."""
-    from cluster.config import DEFAULT_MODEL
+    from cluster.config import DEFAULT_MODEL, engine_choices
 
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, local HF dir or .gguf file")
     p.add_argument("--draft", default="none", help="none | ngram | layerskip:N | default (prompt lookup where the "
@@ -44,13 +44,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton", "native"),
+    p.add_argument("--attention-backend", default="auto", choices=engine_choices("attention_backend"),
                    help="attention and fused ops: triton (CUDA), native (C++ CPU kernels) or torch (reference); "
                         "auto = triton on CUDA, native on CPU for float32 models")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    p.add_argument("--kv-cache-dtype", default="auto", choices=engine_choices("kv_cache_dtype"),
                    help="the KV cache's dtype (auto: the model's); bfloat16 under a float32 model on CPU halves "
                         "what decode attention reads and doubles the blocks per GB, but changes the logits")
-    p.add_argument("--cpu-activations", default="auto", choices=("auto", "int16", "int8", "float32"),
+    p.add_argument("--cpu-activations", default="auto", choices=engine_choices("cpu_activations"),
                    help="CPU products over a GGUF model's blocks: int16 (auto's default, SPECRAY_CPU_ACTIVATIONS), "
                         "int8 (faster verification, logits further from the fp32 model's) or float32 (its bits)")
     p.add_argument("--enforce-eager", action="store_true",

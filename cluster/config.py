@@ -1,7 +1,7 @@
 """Engine-wide configuration (pydantic), validated once at the edge."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -293,3 +293,9 @@ class EngineConfig(BaseModel):
     kv_offload: KVOffloadConfig = Field(default_factory=KVOffloadConfig)
     kv_tier: KVTierConfig = Field(default_factory=KVTierConfig)
     offload: WeightOffloadConfig = Field(default_factory=WeightOffloadConfig)
+
+
+def engine_choices(field: str) -> tuple[str, ...]:
+    """The values EngineConfig's ``Literal`` field ``field`` takes: what a command-line flag for it
+    offers (``--attention-backend``, ``--kv-cache-dtype``, ``--cpu-activations``), from this one list."""
+    return get_args(EngineConfig.model_fields[field].annotation)

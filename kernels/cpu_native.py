@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "linear.cpp", "linear_fixed.cpp", "fused.cpp", "attention.cpp", "layers.cpp", "eagle.cpp")
-HEADERS = ("kernels.h", "vec16.h", "products.h")
+HEADERS = ("kernels.h", "vec16.h", "products.h", "attention_rows.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
 
 _lock = threading.Lock()
@@ -212,6 +212,28 @@ def activations(mode: str):
         set_activations(before)
 
 
+def set_attention_segment(keys: int) -> int:
+    """The visible keys per segment of this process's attention arithmetic from now on (``csrc/attention.cpp``:
+    512 by default; 0: each row's keys as one segment, the arithmetic before segments); returns the
+    value before. Rows of more keys than a segment get other bits after a change: tests and A/B
+    benchmarks switch it, never a process while it serves."""
+    if not load():
+        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+    before = int(_attention_segment())
+    _set_attention_segment(int(keys))
+    return before
+
+
+@contextlib.contextmanager
+def attention_segment(keys: int):
+    """``set_attention_segment(keys)`` for the ``with`` block, the value before restored after it."""
+    before = set_attention_segment(keys)
+    try:
+        yield
+    finally:
+        set_attention_segment(before)
+
+
 def unavailable_reason() -> str | None:
     """Why ``load()`` returned False (None when the kernels are loaded or not yet tried)."""
     return _state["why"]
@@ -226,7 +248,7 @@ def _bind() -> None:
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
         "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
-        "top_logprobs", "head_step")
+        "top_logprobs", "head_step", "set_attention_segment", "attention_segment")
 
 
 def _first_call(name: str):

@@ -172,20 +172,29 @@ def test_a_tree_node_gets_exactly_the_bits_of_plain_decoding_its_path(ctx):
     kv = ctx + len(TREE)
     tree_out = cn.paged_attention(q, k_cache, v_cache, torch.tensor([0, len(TREE)]), torch.tensor([kv]), table, 0.3,
                                   tree)
+    for node in (3, 6, 7):
+        plain_k, plain_v, kv_len = path_laid_out(k_cache, v_cache, table, ctx, node)
+        out = cn.paged_attention(q[node:node + 1], plain_k, plain_v, torch.tensor([0, 1]), torch.tensor([kv_len]),
+                                 table, 0.3)
+        assert torch.equal(out[0], tree_out[node]), node
+
+
+def path_laid_out(k_cache, v_cache, table, ctx: int, node: int):
+    """Caches where TREE's path root .. node (its nodes' keys at positions ctx + node) lies at
+    consecutive positions after the context, as plain decoding of that path writes it; and the
+    path's kv_len."""
+    bs, kvh, d = k_cache.shape[1:]
+    path = [node]
+    while TREE[path[-1]] >= 0:
+        path.append(TREE[path[-1]])
+    path.reverse()
     flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     slot = lambda p: int(table[0, p // bs]) * bs + p % bs  # noqa: E731
-    for node in (3, 6, 7):
-        chain = [node]
-        while TREE[chain[-1]] >= 0:
-            chain.append(TREE[chain[-1]])
-        chain.reverse()  # root .. node
-        plain_k, plain_v = k_cache.clone(), v_cache.clone()
-        for depth, n in enumerate(chain):  # the path's keys at consecutive positions after the context
-            plain_k.view(-1, kvh, d)[slot(ctx + depth)] = flat_k[slot(ctx + n)]
-            plain_v.view(-1, kvh, d)[slot(ctx + depth)] = flat_v[slot(ctx + n)]
-        out = cn.paged_attention(q[node:node + 1], plain_k, plain_v, torch.tensor([0, 1]),
-                                 torch.tensor([ctx + len(chain)]), table, 0.3)
-        assert torch.equal(out[0], tree_out[node]), node
+    plain_k, plain_v = k_cache.clone(), v_cache.clone()
+    for depth, n in enumerate(path):
+        plain_k.view(-1, kvh, d)[slot(ctx + depth)] = flat_k[slot(ctx + n)]
+        plain_v.view(-1, kvh, d)[slot(ctx + depth)] = flat_v[slot(ctx + n)]
+    return plain_k, plain_v, ctx + len(path)
 
 
 def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():

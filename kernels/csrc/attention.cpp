@@ -4,42 +4,52 @@
 // streams; each element widened exactly to fp32 as it is loaded, so the arithmetic is the same).
 //
 // A query row's result depends only on its visible keys in position order (the committed context,
-// then its window: causal, or the tree mask's row), never on what else is in the call: its score
-// with key p is q . k_p summed over d in order, one fma per dimension; the softmax runs over its
-// list of visible scores in one fixed order; the values are summed in list order. So a token-tree
-// node gets exactly the bits its token gets in plain decoding, whose visible keys are the same list,
-// and a prefill row the bits of the same token decoded. Masked keys add nothing.
+// then its window: causal, or the tree mask's row), never on what else is in the call, nor on the
+// threads: its list of visible keys is cut into segments of g_segment entries (list entries
+// [0, 512), [512, 1024), ...). In a segment its score with key p is q . k_p summed over d in order,
+// one fma per dimension; the softmax's exponentials are taken against the segment's max and summed
+// in one fixed order; the values are summed in list order. A row of one segment divides by its sum;
+// a longer row's segments are merged in order (merge_segments), whoever computed them. So a
+// token-tree node gets exactly the bits its token gets in plain decoding, whose visible keys are the
+// same list, and a prefill row the bits of the same token decoded. Masked keys add nothing.
 //
-// A work item is one sequence's KV head with a tile of its query tokens: the g query heads of that
-// KV head times up to kMaxRows / g tokens (kNarrowRows / g when the batch would otherwise leave a
-// thread idle). Keys go 16 at a time, transposed in registers, so each key is loaded once for all
-// the item's rows (scores are R rows x 16 keys of fmas), and values
-// once per group of rows. Items are dealt to threads from both ends of the batch, so a causal
-// prefill's long and short tiles are shared out evenly.
-#include "kernels.h"
+// Work items: a sequence's KV head with a tile of its query tokens (the g query heads of that KV
+// head times up to kMaxRows / g tokens, or kNarrowRows / g when wide tiles' items, counted segment
+// by segment, would leave a thread idle) and one segment of them; each thread takes a contiguous run
+// of about equal work, so it reads consecutive key ranges of every KV head of its sequences (a
+// slot's heads lie together in the cache; a decode step at 2,000 keys measured 16-20% faster so
+// than with each head's whole context read after another). Long rows' segments are merged after.
+// Where those rows' partial sums would take large buffers (a long prefill), an item takes all its
+// rows' segments instead and merges them itself, items dealt from both ends of the batch so that a
+// causal prefill's long and short tiles are shared out evenly. Keys go 16 at a time, transposed in
+// registers, so each key is loaded once for all the item's rows (scores are R rows x 16 keys of
+// fmas), and values once per group of rows (attention_rows.h).
+#include "attention_rows.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <type_traits>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace specray {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
-// query rows (tokens x the KV head's query heads) per work item: up to kMaxRows, so that a sequence's
-// token tree (11 tokens x 3 heads in the default model) reads its keys and values once, where the
-// batch still makes enough items for every thread; else kNarrowRows, so that one sequence's items
-// (a lone verify) are shared out among the threads (2026-11-28, 2-core Xeon VM, 30 layers, cold
-// caches: 2 sequences x 11 tree tokens at 1,500 keys 37.6 -> 28.5 ms, at 300 keys 4.3 -> 3.9 ms;
-// prefill 5-9% faster; one sequence's tree 2.4 ms at 300 keys with narrow items, 2.6 with wide).
-// A row's bits never depend on its item (module comment).
-constexpr int kMaxRows = 48;
-constexpr int kNarrowRows = 16;
-constexpr int kPVVectors = 24;    // value accumulators per row group (rows x head-dim chunks)
+using namespace attention;
+
+// visible-list entries per segment: 512 (set_attention_segment; 0: a row is one segment, the
+// arithmetic before segments). 2026-11-28, 2-core Xeon VM, default model, a decode step toggled
+// inside one process (benchmarks.attention_segments): 256, 512 and 1,024 against whole rows, 512 the
+// best (BENCHMARKS "Attention in segments")
+std::atomic<int64_t> g_segment{512};
+
+// one-segment items (long rows' segments merged after the call's items) need [long row segments][d]
+// floats of buffers; past this many, items take all their rows' segments (a long prefill)
+constexpr int64_t kSplitFloats = int64_t{1} << 20;
 
 struct Batch {
   const int64_t* qsl;
@@ -51,252 +61,157 @@ struct Batch {
   std::vector<int64_t> win_lens;
 };
 
+// query row i of the batch's flattened tokens (sequence b): its prefix, window and list length
+Row token_row(const Batch& bt, int64_t b, int64_t i) {
+  const int64_t qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], w = bt.win_lens[b], qi = i - bt.qsl[b];
+  if (w == 0) return Row{nullptr, nullptr, L - qlen + qi + 1, nullptr, 0, L - qlen + qi + 1};  // causal
+  const uint8_t* win = bt.masks[b] + qi * w;
+  int64_t count = L - w;
+  for (int64_t c = 0; c < w; ++c) count += win[c] != 0;
+  return Row{nullptr, nullptr, L - w, win, w, count};
+}
+
+int64_t segments_of(int64_t count, int64_t S) { return (count + S - 1) / S; }
+
+// a row's segments merged in order: out = sum_k acc_k e^(m_k - M) / sum_k l_k e^(m_k - M), M = max_k m_k.
+// One function for every caller, so the bits never depend on which path computed the segments
+__attribute__((noinline)) void merge_segments(const float* acc, const float* maxes, const float* sums, int64_t n,
+                                              int64_t d, float* out) {
+  float M = -INFINITY;
+  for (int64_t k = 0; k < n; ++k) M = std::max(M, maxes[k]);
+  const int chunks = static_cast<int>((d + kLanes - 1) / kLanes);
+  V16 a[kMaxHeadDim / kLanes];
+  for (int c = 0; c < chunks; ++c) a[c] = vzero();
+  float total = 0.f;
+  for (int64_t k = 0; k < n; ++k) {
+    const float f = std::exp(maxes[k] - M);
+    total = std::fma(sums[k], f, total);
+    const V16 fv = vset1(f);
+    for (int c = 0; c < chunks; ++c) a[c] = vfma(fv, vload_n(acc + k * d + c * kLanes, lanes_in(d, c)), a[c]);
+  }
+  const V16 tv = vset1(total);
+  for (int c = 0; c < chunks; ++c) vstore_n(out + c * kLanes, vdiv(a[c], tv), lanes_in(d, c));
+}
+
 struct Item {
   int64_t seq, kv_head, tok0, tok1;  // query tokens [tok0, tok1) of sequence seq
+  int64_t seg;                       // the one segment it computes, or -1: all of its rows' segments
 };
 
-// one query row: keys [0, prefix) visible, then window position c visible where win[c]
-struct Row {
+struct Call {  // what every item of one call shares
+  const Batch& bt;
   const float* q;
+  int64_t sq0, sq1;
   float* out;
-  int64_t prefix;
-  const uint8_t* win;
-  int64_t w;
-  bool sees(int64_t p) const { return p < prefix || (win != nullptr && p - prefix < w && win[p - prefix]); }
-  int64_t end() const {  // one past the last visible key
-    if (win != nullptr)
-      for (int64_t c = w - 1; c >= 0; --c)
-        if (win[c]) return prefix + c + 1;
-    return prefix;
-  }
+  int64_t h, group, S;
+  float scale;
+  // one-segment items: where each long row's segments go ([token][head][segment][d], maxima, sums)
+  float* parts;
+  float* maxes;
+  float* sums;
+  const int64_t* part_of;  // [token] first segment index of the token's rows, or -1: a one-segment row
+  const int64_t* nseg;     // [token] segments of the token's rows
 };
 
-// the caches' elements: fp32, or bf16 (their bits; widened exactly to fp32 on load)
-template <typename T>
-struct Cache {
-  const T* k;
-  const T* v;
-  int64_t slot_stride;  // elements per cache slot (kvh * d)
-  int64_t d;
-};
+// the rows of segment k among rows[0, R): those whose list reaches it, with their key range set;
+// part(r) gives row r's destination for the segment (nullptr: its result)
+template <typename Part>
+int segment_rows(const Row* rows, int R, int64_t k, int64_t S, Row* out, int* which, Part part) {
+  int n = 0;
+  for (int r = 0; r < R; ++r) {
+    if (rows[r].count <= k * S) continue;
+    out[n] = rows[r];
+    out[n].segment(k * S, S);
+    out[n].part = part(r);
+    which[n++] = r;
+  }
+  return n;
+}
 
-inline V16 vload_elem(const float* p) { return vload(p); }
-inline V16 vload_elem(const uint16_t* p) { return vload_bf16(p); }
-
-struct Scratch {
-  std::vector<int64_t> slots;  // [keys] cache slot of each key position
-  std::vector<float> scores;   // [rows][keys]: dense scores, then each row's visible list, exp'd
-  std::vector<int64_t> counts; // [rows] visible keys of each row
-  std::vector<float> zeros;    // a zero key for the padding lanes of the last 16-key chunk
-  std::vector<uint16_t> zeros16;  // the same for a bf16 cache
-  const float* zero_key(const float*) const { return zeros.data(); }
-  const uint16_t* zero_key(const uint16_t*) const { return zeros16.data(); }
-};
-
-inline int lanes_in(int64_t d, int c) { return static_cast<int>(std::min<int64_t>(kLanes, d - c * kLanes)); }
-
-// keys and values are read a key at a time through the block tables (one head's d elements of every
-// kvh * d), a pattern the hardware prefetchers follow poorly: each key's lines are asked for this
-// many keys ahead
-constexpr int64_t kPrefetchKeys = 32;
-
-template <typename T>
-inline void prefetch_key(const T* row, int64_t d) { prefetch_bytes(row, d * static_cast<int64_t>(sizeof(T))); }
-
-// scores[r][p] = (q_r . k_p) * scale for p in [0, keys), 16 keys at a time (Whole: the head dim is a
-// multiple of 16, no masked loads)
+// one segment of R rows (key ranges set): their maxima and exponential sums
 template <bool Whole, typename T>
-void score_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, float scale,
-                const T* zeros, float* scores) {
-  const int64_t d = cache.d;
-  const int chunks = static_cast<int>((d + kLanes - 1) / kLanes);
-  for (int64_t p0 = 0; p0 < keys; p0 += kLanes) {
-    const int n = static_cast<int>(std::min<int64_t>(kLanes, keys - p0));
-    for (int64_t a = p0 + kPrefetchKeys; a < std::min(keys, p0 + kPrefetchKeys + kLanes); ++a)
-      prefetch_key(cache.k + slots[a] * cache.slot_stride, d);
-    const T* kp[kLanes];
-    for (int i = 0; i < kLanes; ++i) kp[i] = i < n ? cache.k + slots[p0 + i] * cache.slot_stride : zeros;
-    V16 acc[kMaxRows];
-    for (int r = 0; r < R; ++r) acc[r] = vzero();
-    for (int c = 0; c < chunks; ++c) {
-      const int m = Whole ? kLanes : lanes_in(d, c);
-      V16 t[kLanes];  // t[j]: dimension c*16 + j of the 16 keys
-      for (int i = 0; i < kLanes; ++i) {
-        if constexpr (Whole) t[i] = vload_elem(kp[i] + c * kLanes);
-        else t[i] = vload_n(kp[i] + c * kLanes, m);  // fp32 caches only (bf16 ones need whole chunks)
-      }
-      transpose16(t);
-      if (m == kLanes) {  // unrolled with constant indices: t stays in registers
-        for (int r = 0; r < R; ++r) {
-          const float* q = rows[r].q + c * kLanes;
-          V16 a = acc[r];
-#pragma GCC unroll 16
-          for (int j = 0; j < kLanes; ++j) a = vfma(t[j], vset1(q[j]), a);
-          acc[r] = a;
-        }
-      } else {  // the head dim's last, partial chunk: the same fmas, fewer of them
-        for (int r = 0; r < R; ++r) {
-          const float* q = rows[r].q + c * kLanes;
-          V16 a = acc[r];
-#pragma GCC unroll 16
-          for (int j = 0; j < kLanes; ++j)
-            if (j < m) a = vfma(t[j], vset1(q[j]), a);
-          acc[r] = a;
-        }
-      }
-    }
-    const V16 sc = vset1(scale);
-    for (int r = 0; r < R; ++r) vstore_n(scores + r * keys + p0, vmul(acc[r], sc), n);
+void attend_segment(const Call& cl, int64_t b, Row* rows, int R, const Cache<T>& cache, Scratch& sc, float* maxes,
+                    float* sums) {
+  int64_t base = INT64_MAX, top = 0;
+  for (int r = 0; r < R; ++r) base = std::min(base, rows[r].lo), top = std::max(top, rows[r].hi);
+  const int64_t keys = top - base, bs = cl.bt.block_size;
+  const int64_t* table = cl.bt.tables + b * cl.bt.table_stride;
+  sc.slots.resize(keys);
+  for (int64_t p = base; p < top;) {  // block by block: no division per key
+    const int64_t off = p % bs, n = std::min(bs - off, top - p), first = table[p / bs] * bs + off;
+    for (int64_t o = 0; o < n; ++o) sc.slots[p - base + o] = first + o;
+    p += n;
   }
+  sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
+  score_rows<Whole, T>(rows, R, cache, sc.slots.data(), keys, cl.scale, sc.zero_key(cache.k), sc.scores.data());
+  for (int r = 0; r < R; ++r) sums[r] = softmax_segment(rows[r], sc.scores.data() + r * keys, base, maxes[r]);
+  weigh_values<Whole, T>(rows, R, cache, sc.slots.data(), base, keys, sc.scores.data(), sums);
 }
 
-// row r's visible scores, compacted in position order to the front of its scores, exp(s - max)
-// in place; returns their sum (summed 16 at a time, then across lanes: one fixed order)
-float softmax_row(const Row& row, float* s, int64_t keys, int64_t& count) {
-  int64_t n = std::min(row.prefix, keys);
-  for (int64_t c = 0; row.win != nullptr && c < row.w && row.prefix + c < keys; ++c)
-    if (row.win[c]) s[n++] = s[row.prefix + c];
-  count = n;
-  V16 mx = vset1(-INFINITY);  // the max: exact in any order
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const int r = static_cast<int>(std::min<int64_t>(kLanes, n - i));
-    mx = vmax(mx, vload_or(s + i, r, -INFINITY));
-  }
-  const V16 mv = vset1(vmaxr(mx));
-  V16 total = vzero();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const V16 e = vexp(vsub(vload(s + i), mv));
-    vstore(s + i, e);
-    total = vadd(total, e);
-  }
-  if (i < n) {
-    const int r = static_cast<int>(n - i);
-    const V16 e = vexp(vsub(vload_n(s + i, r), mv));
-    vstore_n(s + i, e, r);
-    total = vadd(total, vload_n(s + i, r));  // padding lanes are 0, not exp(0 - m)
-  }
-  return n > 0 ? vsum(total) : 1.f;
-}
-
-// chunk c of a key's value: whole when the head dim is a multiple of 16 (no mask in the key loop)
-template <int NC, bool Whole, typename T>
-inline void load_value(const T* v, int64_t d, V16 (&vv)[NC]) {
-  for (int c = 0; c < NC; ++c) {
-    if constexpr (Whole) vv[c] = vload_elem(v + c * kLanes);
-    else vv[c] = vload_n(v + c * kLanes, lanes_in(d, c));
-  }
-}
-
-// out_r = sum over row r's visible keys, in order, of e * v, / sum_r, for G rows at once (their
-// G x NC accumulators in registers), each key's value loaded once for the G rows
-template <int NC, int G, bool Whole, typename T>
-void weigh_group(const Row* rows, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
-                 const float* sums) {
-  const int64_t d = cache.d;
-  V16 acc[G][NC];
-  int64_t idx[G], last = 0, shared = INT64_MAX;
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < NC; ++c) acc[g][c] = vzero();
-    last = std::max(last, std::min(rows[g].end(), keys));
-    shared = std::min(shared, rows[g].prefix);
-  }
-  shared = std::min(shared, last);  // keys [0, shared) are visible to every row: no checks
-  for (int64_t p = 0; p < shared; ++p) {
-    if (p + kPrefetchKeys < last) prefetch_key(cache.v + slots[p + kPrefetchKeys] * cache.slot_stride, d);
-    V16 vv[NC];
-    load_value<NC, Whole>(cache.v + slots[p] * cache.slot_stride, d, vv);
-    for (int g = 0; g < G; ++g) {
-      const V16 e = vset1(exps[g * keys + p]);
-      for (int c = 0; c < NC; ++c) acc[g][c] = vfma(e, vv[c], acc[g][c]);
-    }
-  }
-  for (int g = 0; g < G; ++g) idx[g] = shared;
-  for (int64_t p = shared; p < last; ++p) {
-    V16 vv[NC];
-    load_value<NC, Whole>(cache.v + slots[p] * cache.slot_stride, d, vv);
-    for (int g = 0; g < G; ++g) {
-      if (!rows[g].sees(p)) continue;
-      const V16 e = vset1(exps[g * keys + idx[g]++]);
-      for (int c = 0; c < NC; ++c) acc[g][c] = vfma(e, vv[c], acc[g][c]);
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    const V16 sum = vset1(sums[g]);
-    for (int c = 0; c < NC; ++c) vstore_n(rows[g].out + c * kLanes, vdiv(acc[g][c], sum), lanes_in(d, c));
-  }
-}
-
-// rows in groups of at most kPVVectors / NC (accumulators that fit the registers)
-template <int NC, bool Whole, typename T>
-void weigh_rows(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys, const float* exps,
-                const float* sums) {
-  constexpr int kGroup = kPVVectors / NC < 8 ? kPVVectors / NC : 8;
-  for (int r0 = 0; r0 < R; r0 += kGroup) {
-    const int G = std::min(kGroup, R - r0);
-    const Row* rg = rows + r0;
-    const float* e = exps + r0 * keys;
-    const float* sm = sums + r0;
-    switch (G) {
-#define SPECRAY_GROUP(N) \
-  case N: if constexpr (N <= kGroup) weigh_group<NC, N, Whole, T>(rg, cache, slots, keys, e, sm); break;
-      SPECRAY_GROUP(1) SPECRAY_GROUP(2) SPECRAY_GROUP(3) SPECRAY_GROUP(4)
-      SPECRAY_GROUP(5) SPECRAY_GROUP(6) SPECRAY_GROUP(7) SPECRAY_GROUP(8)
-#undef SPECRAY_GROUP
-      default: break;
-    }
-  }
-}
-
-template <bool Whole, typename T>
-void weigh_values(const Row* rows, int R, const Cache<T>& cache, const int64_t* slots, int64_t keys,
-                  const float* exps, const float* sums) {
-  switch ((cache.d + kLanes - 1) / kLanes) {
-    case 1: weigh_rows<1, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 2: weigh_rows<2, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 3: weigh_rows<3, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 4: weigh_rows<4, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 5: weigh_rows<5, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 6: weigh_rows<6, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 7: weigh_rows<7, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    case 8: weigh_rows<8, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;
-    default: weigh_rows<16, Whole, T>(rows, R, cache, slots, keys, exps, sums); break;  // d up to 256
-  }
-}
-
-template <bool Whole, typename T>
-void attend_item(const Batch& bt, const Item& it, const float* q, int64_t sq0, int64_t sq1, float* out, int64_t h,
-                 int64_t group, const Cache<T>& cache, float scale, Scratch& sc) {
-  const int64_t b = it.seq, qlen = bt.qsl[b + 1] - bt.qsl[b], L = bt.kv_lens[b], bs = bt.block_size;
-  const int64_t w = bt.win_lens[b];
-  Row rows[kMaxRows];
+// the item's rows (their queries, results, lists); returns how many
+int item_rows(const Call& cl, const Item& it, int64_t d, Row* rows) {
   int R = 0;
-  int64_t keys = 0;
   for (int64_t i = it.tok0; i < it.tok1; ++i) {
-    const int64_t qi = i - bt.qsl[b];
-    const uint8_t* win = w > 0 ? bt.masks[b] + qi * w : nullptr;
-    const int64_t prefix = w > 0 ? L - w : L - qlen + qi + 1;  // causal: every key up to itself
-    for (int64_t j = 0; j < group; ++j) {
-      const int64_t head = it.kv_head * group + j;
-      rows[R] = Row{q + i * sq0 + head * sq1, out + (i * h + head) * cache.d, prefix, win, w};
-      keys = std::max(keys, rows[R].end());
+    const Row tok = token_row(cl.bt, it.seq, i);
+    for (int64_t j = 0; j < cl.group; ++j) {
+      const int64_t head = it.kv_head * cl.group + j;
+      rows[R] = tok;
+      rows[R].q = cl.q + i * cl.sq0 + head * cl.sq1;
+      rows[R].out = cl.out + (i * cl.h + head) * d;
       ++R;
     }
   }
-  const int64_t* table = bt.tables + b * bt.table_stride;
-  sc.slots.resize(keys);
-  for (int64_t p0 = 0; p0 < keys; p0 += bs) {  // block by block: no division per key
-    const int64_t base = table[p0 / bs] * bs, n = std::min(bs, keys - p0);
-    for (int64_t o = 0; o < n; ++o) sc.slots[p0 + o] = base + o;
+  return R;
+}
+
+template <bool Whole, typename T>
+void attend_item(const Call& cl, const Item& it, const Cache<T>& cache, Scratch& sc) {
+  const int64_t d = cache.d, S = cl.S;
+  Row rows[kMaxRows], seg[kMaxRows];
+  int which[kMaxRows];
+  float maxes[kMaxRows], sums[kMaxRows];
+  const int R = item_rows(cl, it, d, rows);
+  for (int r = 0; r < R && it.seg <= 0; ++r)  // a window row that sees no key at all: zeros
+    if (rows[r].count == 0) std::fill(rows[r].out, rows[r].out + d, 0.f);
+  if (it.seg >= 0) {  // one segment; long rows' partial results go to the call's buffers, merged after
+    const int64_t k = it.seg;
+    auto slot = [&](int r) {  // row r's segment k in the call's buffers: its index there, or -1
+      const int64_t tok = it.tok0 + r / cl.group, head = it.kv_head * cl.group + r % cl.group;
+      return cl.part_of[tok] < 0 ? int64_t{-1} : cl.part_of[tok] + head * cl.nseg[tok] + k;
+    };
+    const int n = segment_rows(rows, R, k, S, seg, which, [&](int r) {
+      const int64_t at = slot(r);
+      return at < 0 ? nullptr : cl.parts + at * d;
+    });
+    if (n == 0) return;
+    attend_segment<Whole, T>(cl, it.seq, seg, n, cache, sc, maxes, sums);
+    for (int r = 0; r < n; ++r) {
+      const int64_t at = slot(which[r]);
+      if (at >= 0) cl.maxes[at] = maxes[r], cl.sums[at] = sums[r];
+    }
+    return;
   }
-  sc.scores.resize(static_cast<size_t>(R) * keys + kLanes);
-  score_rows<Whole, T>(rows, R, cache, sc.slots.data(), keys, scale, sc.zero_key(cache.k), sc.scores.data());
-  float sums[kMaxRows];
+  int64_t most = 0;  // every segment of the item's rows; long rows' partial results in the scratch
+  for (int r = 0; r < R; ++r) most = std::max(most, segments_of(rows[r].count, S));
+  if (most > 1) {
+    sc.parts.resize(static_cast<size_t>(R) * most * d);
+    sc.maxes.resize(static_cast<size_t>(R) * most);
+    sc.sums.resize(static_cast<size_t>(R) * most);
+  }
+  for (int64_t k = 0; k < most; ++k) {
+    const int n = segment_rows(rows, R, k, S, seg, which, [&](int r) {
+      return segments_of(rows[r].count, S) > 1 ? sc.parts.data() + (r * most + k) * d : nullptr;
+    });
+    attend_segment<Whole, T>(cl, it.seq, seg, n, cache, sc, maxes, sums);
+    for (int r = 0; r < n; ++r)
+      if (seg[r].part != nullptr) sc.maxes[which[r] * most + k] = maxes[r], sc.sums[which[r] * most + k] = sums[r];
+  }
   for (int r = 0; r < R; ++r) {
-    int64_t count = 0;
-    sums[r] = softmax_row(rows[r], sc.scores.data() + r * keys, keys, count);
+    const int64_t n = segments_of(rows[r].count, S);
+    if (n > 1)
+      merge_segments(sc.parts.data() + r * most * d, sc.maxes.data() + r * most, sc.sums.data() + r * most, n, d,
+                     rows[r].out);
   }
-  weigh_values<Whole, T>(rows, R, cache, sc.slots.data(), keys, sc.scores.data(), sums);
 }
 
 void check_batch(const Batch& bt, int64_t B, int64_t N, int64_t max_blocks, int64_t num_blocks) {
@@ -370,31 +285,74 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   check_batch(bt, B, N, block_tables.size(1), num_blocks);
   at::Tensor out = result_buffer(result, {N, h, d}, q, "paged_attention");
   if (N == 0) return out;
-  const int64_t group = h / kvh, wide = std::max<int64_t>(1, kMaxRows / group);
-  int64_t wide_items = 0;
-  for (int64_t b = 0; b < B; ++b) wide_items += kvh * ((bt.qsl[b + 1] - bt.qsl[b] + wide - 1) / wide);
-  const int64_t tile = wide_items >= 2 * at::get_num_threads() ? wide : std::max<int64_t>(1, kNarrowRows / group);
-  std::vector<Item> items;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < kvh; ++j)
-      for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; i += tile) items.push_back({b, j, i, std::min(i + tile, bt.qsl[b + 1])});
-  const float* qp = q.const_data_ptr<float>();
-  float* op = out.mutable_data_ptr<float>();
-  const int64_t sq0 = q.stride(0), sq1 = q.stride(1), count = static_cast<int64_t>(items.size());
   TORCH_CHECK(!bf16 || d % kLanes == 0, "paged_attention: a bfloat16 cache needs a head dim that is a multiple of ",
               kLanes, ", got ", d);
+  const int64_t group = h / kvh, wide = std::max<int64_t>(1, kMaxRows / group), threads = at::get_num_threads();
+  const int64_t S = g_segment.load() > 0 ? g_segment.load() : INT64_MAX / 4;
+  // tokens' segment counts; one-segment items unless the long rows' buffers would be large
+  std::vector<int64_t> nseg(N), part_of(N, -1), most(B, 1);
+  int64_t long_rows = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; ++i) {
+      nseg[i] = segments_of(token_row(bt, b, i).count, S);
+      most[b] = std::max(most[b], nseg[i]);
+      if (nseg[i] > 1) part_of[i] = long_rows, long_rows += h * nseg[i];
+    }
+  const bool split = long_rows > 0 && long_rows * d <= kSplitFloats;
+  int64_t wide_items = 0;  // items of wide tiles (and one segment each when split)
+  for (int64_t b = 0; b < B; ++b)
+    wide_items += kvh * ((bt.qsl[b + 1] - bt.qsl[b] + wide - 1) / wide) * (split ? most[b] : 1);
+  const int64_t tile = wide_items >= 2 * threads ? wide : std::max<int64_t>(1, kNarrowRows / group);
+  std::vector<Item> items;
+  std::vector<int64_t> cut{0};  // split: thread t's items [cut[t], cut[t + 1])
+  std::vector<double> work;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; i += tile) {
+      const int64_t i1 = std::min(i + tile, bt.qsl[b + 1]);
+      int64_t segs = 1;
+      for (int64_t t = i; t < i1 && split; ++t) segs = std::max(segs, nseg[t]);
+      for (int64_t k = 0; k < segs; ++k)
+        for (int64_t j = 0; j < kvh; ++j) {
+          items.push_back({b, j, i, i1, split ? k : -1});
+          if (!split) continue;
+          double keys = 16;  // a rough fixed cost per item, in keys
+          for (int64_t t = i; t < i1; ++t) keys += std::clamp<double>(token_row(bt, b, t).count - k * S, 0, S);
+          work.push_back(keys);
+        }
+    }
+  const int64_t count = static_cast<int64_t>(items.size());
+  if (split) {  // contiguous runs of about equal work
+    double total = 0, run = 0;
+    for (double x : work) total += x;
+    for (int64_t i = 0; i < count; ++i) {
+      const double target = total * static_cast<double>(cut.size()) / threads;
+      if (static_cast<int64_t>(cut.size()) < threads && run + work[i] / 2 > target) cut.push_back(i);
+      run += work[i];
+    }
+    while (static_cast<int64_t>(cut.size()) <= threads) cut.push_back(count);
+  }
+  std::vector<float> parts(split ? long_rows * d : 0), maxes(split ? long_rows : 0), sums(split ? long_rows : 0);
+  const Call cl{bt,          q.const_data_ptr<float>(), q.stride(0),  q.stride(1),   out.mutable_data_ptr<float>(),
+                h,           group,                     S,            static_cast<float>(scale),
+                parts.data(), maxes.data(),             sums.data(),  part_of.data(), nseg.data()};
   // head offsets folded in: a slot's key for KV head j starts at k + slot * kvh * d + j * d
   // Whole: the head dim is a multiple of 16, so no load needs a mask (bf16 caches always are)
   auto run = [&](auto cache, auto whole) {
+    auto one = [&](const Item& it, Scratch& sc) {
+      const decltype(cache) head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
+      attend_item<decltype(whole)::value>(cl, it, head, sc);
+    };
+    if (split) {
+      at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+        Scratch sc;
+        for (int64_t idx = cut[t0]; idx < cut[t1]; ++idx) one(items[idx], sc);
+      });
+      return;
+    }
     at::parallel_for(0, count, 1, [&](int64_t i0, int64_t i1) {
       Scratch sc;
-      sc.zeros.assign(kMaxHeadDim, 0.f);
-      sc.zeros16.assign(kMaxHeadDim, 0);
-      for (int64_t idx = i0; idx < i1; ++idx) {
-        const Item& it = items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2];  // both ends of the batch
-        const decltype(cache) head{cache.k + it.kv_head * d, cache.v + it.kv_head * d, cache.slot_stride, d};
-        attend_item<decltype(whole)::value>(bt, it, qp, sq0, sq1, op, h, group, head, static_cast<float>(scale), sc);
-      }
+      for (int64_t idx = i0; idx < i1; ++idx)
+        one(items[idx % 2 == 0 ? idx / 2 : count - 1 - idx / 2], sc);  // both ends of the batch
     });
   };
   if (bf16)
@@ -405,7 +363,22 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d}, std::true_type{});
   else
     run(Cache<float>{k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), kvh * d, d}, std::false_type{});
+  if (split)  // the long rows' segments, merged in order
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; part_of[i] >= 0 && j < h; ++j) {
+        const int64_t at = part_of[i] + j * nseg[i];
+        merge_segments(parts.data() + at * d, maxes.data() + at, sums.data() + at, nseg[i], d,
+                       cl.out + (i * h + j) * d);
+      }
   return out;
 }
+
+void set_attention_segment(int64_t keys) {
+  TORCH_CHECK(keys >= 0 && keys % kLanes == 0, "set_attention_segment: keys must be 0 (whole rows) or a positive "
+              "multiple of ", kLanes, ", got ", keys);
+  g_segment.store(keys);
+}
+
+int64_t attention_segment() { return g_segment.load(); }
 
 }  // namespace specray

@@ -78,6 +78,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& query_start_loc, const at::Tensor& kv_lens,
                            const at::Tensor& block_tables, double scale, at::TensorList windows,
                            const at::Tensor& out = at::Tensor());
+// the visible-list entries per segment of attention's arithmetic, process-wide (0: whole rows)
+void set_attention_segment(int64_t keys);
+int64_t attention_segment();
 
 // layers.cpp
 at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::TensorList k_caches,

@@ -43,6 +43,8 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
            const Tensor& tables, double scale, at::TensorList windows) {
           return specray::paged_attention(q, k, v, qsl, lens, tables, scale, windows);
         });
+  m.def("set_attention_segment(int keys) -> ()", &specray::set_attention_segment);
+  m.def("attention_segment() -> int", &specray::attention_segment);
   m.def("decoder_layers(Tensor x, Tensor[] weights, Tensor[] k_caches, Tensor[] v_caches, Tensor cos, Tensor sin, "
         "Tensor slots, Tensor query_start_loc, Tensor kv_lens, Tensor block_tables, Tensor[] windows, "
         "int h, int kvh, float eps, float scale, Tensor final_norm) -> Tensor",

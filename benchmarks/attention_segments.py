@@ -5,6 +5,7 @@ drift falls on both arms:
 
     python -m benchmarks.attention_segments [--contexts 300,1000,2000] [--batches 1,4] [--steps decode,tree]
                                             [--segments 0,512] [--rounds 8] [--reps 15]
+                                            [--kv-cache-dtype auto|float32|bfloat16]
 
 Prints, per batch, context and step, the median over rounds of each round's median step time, and
 each arm against the first. Separate processes differ by more than the effect on a 2-core VM; the
@@ -19,6 +20,7 @@ import time
 import torch
 
 from benchmarks.report import md_table
+from cluster.config import engine_choices
 
 
 def _ints(text: str, what: str, ap: argparse.ArgumentParser) -> list[int]:
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segments", default="0,512", help="segment lengths to compare (0: whole rows), first = base")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=15, help="steps timed per arm per round")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=engine_choices("kv_cache_dtype"),
+                    help="the KV cache's dtype (auto: the model's; bfloat16: half the bytes attention reads)")
     args = ap.parse_args(argv)
     contexts, batches = _ints(args.contexts, "--contexts", ap), _ints(args.batches, "--batches", ap)
     arms = _ints(args.segments, "--segments", ap)
@@ -78,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     cpu = torch.device("cpu")
     model = load_model(args.model, device=cpu).model
     set_attention_backend(model, "native", cpu)
-    print(f"{args.model}, {torch.get_num_threads()} threads; ABBA, {args.rounds} rounds x {args.reps} steps per arm")
+    kv_dtype = None if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype)
+    print(f"{args.model}, {torch.get_num_threads()} threads, {kv_dtype or model.dtype} KV cache; ABBA, {args.rounds} "
+          f"rounds x {args.reps} steps per arm")
     rows = []
     for b in batches:
         for ctx in contexts:
-            runner = StepRunner(model, b, ctx, cpu)
+            runner = StepRunner(model, b, ctx, cpu, kv_dtype=kv_dtype)
             for kind in steps:
                 ms = ab_rounds(runner.step(kind), arms, args.rounds, args.reps)
                 base = ms[arms[0]]

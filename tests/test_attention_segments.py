@@ -154,7 +154,8 @@ def test_the_ab_benchmark_names_bad_flags(capsys):
     from benchmarks import attention_segments
 
     for flags, named in ((["--segments", "0,24"], "--segments 24"), (["--steps", "decode,verify"], "--steps verify"),
-                         (["--contexts", "1k"], "'1k'"), (["--rounds", "0"], "at least 1")):
+                         (["--contexts", "1k"], "'1k'"), (["--rounds", "0"], "at least 1"),
+                         (["--kv-cache-dtype", "float16"], "'float16'")):
         with pytest.raises(SystemExit):
             attention_segments.main(flags)
         assert named in capsys.readouterr().err

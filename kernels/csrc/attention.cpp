@@ -288,13 +288,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   TORCH_CHECK(!bf16 || d % kLanes == 0, "paged_attention: a bfloat16 cache needs a head dim that is a multiple of ",
               kLanes, ", got ", d);
   const int64_t group = h / kvh, wide = std::max<int64_t>(1, kMaxRows / group), threads = at::get_num_threads();
-  const int64_t S = g_segment.load() > 0 ? g_segment.load() : INT64_MAX / 4;
-  // tokens' segment counts; one-segment items unless the long rows' buffers would be large
-  std::vector<int64_t> nseg(N), part_of(N, -1), most(B, 1);
+  const int64_t segment = g_segment.load(), S = segment > 0 ? segment : INT64_MAX / 4;
+  // tokens' list lengths and segment counts; one-segment items unless the long rows' buffers would be large
+  std::vector<int64_t> listed(N), nseg(N), part_of(N, -1), most(B, 1);
   int64_t long_rows = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = bt.qsl[b]; i < bt.qsl[b + 1]; ++i) {
-      nseg[i] = segments_of(token_row(bt, b, i).count, S);
+      listed[i] = token_row(bt, b, i).count;
+      nseg[i] = segments_of(listed[i], S);
       most[b] = std::max(most[b], nseg[i]);
       if (nseg[i] > 1) part_of[i] = long_rows, long_rows += h * nseg[i];
     }
@@ -316,7 +317,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
           items.push_back({b, j, i, i1, split ? k : -1});
           if (!split) continue;
           double keys = 16;  // a rough fixed cost per item, in keys
-          for (int64_t t = i; t < i1; ++t) keys += std::clamp<double>(token_row(bt, b, t).count - k * S, 0, S);
+          for (int64_t t = i; t < i1; ++t) keys += std::clamp<double>(listed[t] - k * S, 0, S);
           work.push_back(keys);
         }
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
@@ -32,8 +31,10 @@ def _ints(text: str, what: str, ap: argparse.ArgumentParser) -> list[int]:
 
 def ab_rounds(run, arms: list[int], rounds: int, reps: int) -> dict[int, float]:
     """Median ms of ``run()`` per segment length in ``arms``, ABBA-alternated over ``rounds`` rounds."""
+    from benchmarks.step_costs import device_median_s
     from kernels import cpu_native as cn
 
+    cpu = torch.device("cpu")
     times: dict[int, list[float]] = {a: [] for a in arms}
     for a in arms:  # warm each arm
         with cn.attention_segment(a):
@@ -41,12 +42,7 @@ def ab_rounds(run, arms: list[int], rounds: int, reps: int) -> dict[int, float]:
     for i in range(rounds):
         for a in (arms if i % 2 == 0 else arms[::-1]):
             with cn.attention_segment(a):
-                step = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    run()
-                    step.append(time.perf_counter() - t0)
-            times[a].append(statistics.median(step) * 1e3)
+                times[a].append(device_median_s(run, cpu, reps) * 1e3)
     return {a: statistics.median(t) for a, t in times.items()}
 
 

@@ -54,6 +54,19 @@ _native: list = []  # [bool] once resolved: fp32 products run kernels.cpu_native
 # The batch size the reorder is tuned for. 1 picks a layout that is slower from 2 rows on and whose
 # rows depend on the row count; 8 to 64 measured alike for 1 to 64 rows.
 PACK_HINT = 32
+_packings = [0]  # how many times a weight's packed copy was (re)bound: see packing_generation
+
+
+def packing_generation() -> int:
+    """A count that grows whenever any weight's packed copy is made or rebound (``reordered`` packing
+    anew, ``store_as``, ``bind_reordered``): a caller that keeps a list of packed copies, with the
+    weights' ``_version``, knows from it whether the list still holds."""
+    return _packings[0]
+
+
+def _bind(weight: torch.Tensor, version: int, packed: torch.Tensor) -> None:
+    weight._specray_packed = (version, packed)
+    _packings[0] += 1
 
 
 def native() -> bool:
@@ -117,7 +130,7 @@ def store_as(weight: torch.Tensor, dtype: torch.dtype | str) -> bool:
     if not (packs(weight) and weight.dtype is torch.float32 and native()):
         return False
     weight._specray_storage = None if dtype is torch.float32 else dtype
-    weight._specray_packed = (_version(weight), pack(weight))
+    _bind(weight, _version(weight), pack(weight))
     return True
 
 
@@ -129,7 +142,7 @@ def bind_reordered(weight: torch.Tensor, packed: torch.Tensor) -> None:
     """Products with ``weight`` read ``packed`` (a ``pack`` of the same shape) from now on, until
     ``weight`` changes in place: a weight streamed from another tier (actors/model/weight_offload.py)
     is copied into ``packed`` and never materialised in the plain layout."""
-    weight._specray_packed = (_version(weight), packed)
+    _bind(weight, _version(weight), packed)
 
 
 def reordered(weight: torch.Tensor) -> torch.Tensor:
@@ -139,7 +152,7 @@ def reordered(weight: torch.Tensor) -> torch.Tensor:
     if cached is not None and cached[0] == version:
         return cached[1]
     packed = pack(weight)
-    weight._specray_packed = (version, packed)
+    _bind(weight, version, packed)
     return packed
 
 

@@ -317,6 +317,40 @@ def test_all_layers_in_one_op_give_the_layer_by_layer_bits(tiny_target_dir, monk
     assert skip.shape == outs[0][0].shape and len(calls) == 2
 
 
+def test_all_layers_in_one_op_see_a_weight_changed_in_place_or_packed_anew(tiny_target_dir):
+    """The one-op forward keeps its packed weight arguments between forwards: a matrix changed in place
+    (its version) or a packed copy made anew (store_as) must reach the next forward, as the layer-by-layer
+    forward (which packs per product) sees it."""
+    from actors.model.attention_backends import set_attention_backend
+    from actors.model.loader import load_model
+    from kernels import cpu_linear
+    from tests.model import Chunk, make_batch, random_ids, random_tables
+
+    model = load_model(tiny_target_dir, dtype=torch.float32).model
+    assert set_attention_backend(model, "native") == "native"
+    fused, t = model.fused_layers, random_tables(1, 4, 16, seed=9)
+    step = [Chunk(random_ids(13, 256, 7), 0, t[0])]
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        out = []
+        for layers in (fused, None):
+            model.fused_layers = layers
+            with torch.inference_mode():
+                out.append(model(make_batch(step, 16), model.allocate_kv_cache(16, 16)))
+        model.fused_layers = fused
+        return out[0], out[1]
+
+    first, _ = both()
+    down = model.layers[1].mlp.down_proj.weight
+    with torch.no_grad():
+        down.mul_(0.5)  # in place: a new version
+    fused_out, ref = both()
+    assert torch.equal(fused_out, ref) and not torch.equal(fused_out, first)
+    assert cpu_linear.store_as(down, torch.bfloat16)  # the same version, a new packed copy
+    fused_out, ref = both()
+    assert torch.equal(fused_out, ref)
+
+
 @pytest.mark.parametrize("case", ["plain", "self-draft-tree", "layerskip-chain"])
 def test_engine_greedy_output_matches_the_torch_backend(case, tiny_target_dir):
     """4 prompts, 12 tokens each, concurrency 2, on the engine: the native backend (its one-op layers

@@ -18,6 +18,8 @@ engine calls it once per model it runs. The Triton modules are imported only whe
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
@@ -82,8 +84,7 @@ def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _layer_params(layers) -> list[tuple[bool, torch.Tensor]]:
-    """(is a matrix to pack, tensor) in csrc/layers.cpp's order, 10 per layer: looked up once per model
-    (a module attribute lookup per tensor per step cost ~0.8 ms of a 22 ms decode step)."""
+    """(is a matrix to pack, tensor) in csrc/layers.cpp's order, 10 per layer."""
     out, bias = [], cpu_native.bias_arg
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -94,6 +95,47 @@ def _layer_params(layers) -> list[tuple[bool, torch.Tensor]]:
     return out
 
 
+_VERSION = operator.attrgetter("_version")
+
+
+class NativeLayerArgs:
+    """The tensors ``cpu_native.decoder_layers`` takes besides the batch, looked up once per model (a
+    module attribute lookup per tensor per step cost ~0.8 ms of a 22 ms decode step): the 300 weight
+    arguments with each matrix's packed copy, kept while no matrix changed in place (its
+    ``_version``) and no packed copy was made or rebound (``cpu_linear.packing_generation``), where
+    fetching each copy per step cost ~0.07 ms of a 4 ms one; and the caches' K and V lists, kept while
+    the same (k, v) pairs are passed."""
+
+    def __init__(self, layers):
+        self.params = _layer_params(layers)
+        # the matrices whose in-place changes show in their _version (inference tensors keep none)
+        self.matrices = [t for is_matrix, t in self.params if is_matrix and not t.is_inference()]
+        self.hooks = [layer._forward_pre_hooks for layer in layers]  # the dicts hooks are registered in
+        self.key: tuple | None = None
+        self.weights: list[torch.Tensor] = []
+        self.kv_ids: list[int] = []
+        self.kv: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+
+    def hooked(self) -> bool:
+        """Whether a layer carries a forward pre-hook (weight offload streams layers in from them)."""
+        return any(self.hooks)
+
+    def packed_weights(self) -> list[torch.Tensor]:
+        versions = list(map(_VERSION, self.matrices))
+        if self.key != (cpu_linear.packing_generation(), versions):
+            packed = cpu_linear.reordered  # the packed copy of a matrix, made again if the matrix changed
+            self.weights = [packed(t) if is_matrix else t for is_matrix, t in self.params]
+            self.key = (cpu_linear.packing_generation(), versions)
+        return self.weights
+
+    def caches(self, kv_caches: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        ids = [id(kv) for kv in kv_caches]
+        if ids != self.kv_ids:
+            self.kv = [kv[0] for kv in kv_caches], [kv[1] for kv in kv_caches]
+            self.kv_ids = ids
+        return self.kv
+
+
 def native_decoder_layers(model: LlamaForCausalLM, x: torch.Tensor, rope, batch: ForwardBatch,
                           kv_caches: list) -> torch.Tensor | None:
     """Every decoder layer and the final norm as one native op (``cpu_native.decoder_layers``: the same
@@ -101,18 +143,16 @@ def native_decoder_layers(model: LlamaForCausalLM, x: torch.Tensor, rope, batch:
     embeddings -> hidden [N, H]. None (the caller runs the layers one by one) with tensor parallelism,
     layers that carry hooks (weight offload streams layers in from them) or products not native."""
     layers = model.layers
-    if model.tp.size != 1 or not cpu_linear.native() or any(layer._forward_pre_hooks for layer in layers):
+    args = vars(model).get("_native_args")
+    if args is None:
+        args = model._native_args = NativeLayerArgs(layers)
+    if model.tp.size != 1 or not cpu_linear.native() or args.hooked():
         return None
-    params = vars(model).get("_native_params")
-    if params is None:
-        params = model._native_params = _layer_params(layers)
-    packed = cpu_linear.reordered  # the packed copy of a matrix, made again if the matrix changed in place
-    weights = [packed(t) if is_matrix else t for is_matrix, t in params]
+    k_caches, v_caches = args.caches(kv_caches[:len(layers)])
     qsl, kv_lens, tables, windows = native_meta(batch)
     cos, sin = cos_sin_rows(rope)
     first = layers[0].self_attn
-    return cpu_native.decoder_layers(x, weights, [kv[0] for kv in kv_caches[:len(layers)]],
-                                     [kv[1] for kv in kv_caches[:len(layers)]], cos, sin, batch.slot_mapping, qsl,
+    return cpu_native.decoder_layers(x, args.packed_weights(), k_caches, v_caches, cos, sin, batch.slot_mapping, qsl,
                                      kv_lens, tables, windows, first.num_heads, first.num_kv_heads,
                                      layers[0].input_layernorm.eps, first.scale, model.norm.weight)
 
@@ -165,7 +205,7 @@ def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.de
     for m in model.modules():
         if isinstance(m, LlamaForCausalLM):
             m.fused_layers = native_decoder_layers if backend == "native" else None
-            vars(m).pop("_native_params", None)  # looked up again on the next forward
+            vars(m).pop("_native_args", None)  # looked up again on the next forward
         elif isinstance(m, RMSNorm):
             m.fused_add_norm, m.fused_norm = norm, plain_norm
         elif isinstance(m, SwiGLUMLP):

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 MAX_TREE_NODES = 64  # draft nodes per tree: bounds the verify slots one sequence may reserve
@@ -109,12 +110,12 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool: mask[i, j] is True iff node j is an ancestor of node i or i itself (True = visible)."""
         n = len(self.tokens)
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask = np.zeros((n, n), dtype=np.bool_)  # built in numpy: a torch row copy is ~4 us, per node
         for i in range(n):
             if i > 0:
                 mask[i] = mask[self.parents[i]]
             mask[i, i] = True
-        return mask
+        return torch.from_numpy(mask)
 
     def positions(self, context_len: int) -> list[int]:
         """Position of each node when the root sits at position ``context_len``: context_len + depth."""

@@ -16,6 +16,7 @@ from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
 from actors.model.batch import ForwardBatch, HostMeta, to_device
 from actors.model.weight_offload import offload_weights
+from kernels import cpu_native
 
 
 @dataclass(slots=True)
@@ -32,31 +33,36 @@ class SeqChunk:
 
 def build_forward_batch(chunks: list[SeqChunk], block_size: int, device: torch.device) -> ForwardBatch:
     """Flatten per-sequence chunks into one ForwardBatch (small host lists -> tensors once)."""
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qsl = [0]
-    for c in chunks:
-        ids += c.token_ids
-        pos += c.positions
-        slots += c.slots
-        qsl.append(qsl[-1] + len(c.token_ids))
-    width = max(len(c.block_table) for c in chunks)
-    tables: list[int] = []
-    for c in chunks:
-        tables += c.block_table
-        tables += [0] * (width - len(c.block_table))
+    if len(chunks) == 1:  # one sequence (every draft-head step at c=1, a lone decode): its lists as they are
+        c = chunks[0]
+        ids, pos, slots, qsl, tables, width = c.token_ids, c.positions, c.slots, [0, len(c.token_ids)], c.block_table, \
+            len(c.block_table)
+    else:
+        ids, pos, slots, qsl = [], [], [], [0]
+        for c in chunks:
+            ids += c.token_ids
+            pos += c.positions
+            slots += c.slots
+            qsl.append(qsl[-1] + len(c.token_ids))
+        width = max(len(c.block_table) for c in chunks)
+        tables = []
+        for c in chunks:
+            tables += c.block_table
+            tables += [0] * (width - len(c.block_table))
     kv_lens = [c.kv_len for c in chunks]
     host_tables = np.array(tables, dtype=np.int64).reshape(len(chunks), width)
+    device = torch.device(device)
+    on_host = device.type == "cpu"  # to_device's check, once per batch rather than once per tensor
     return ForwardBatch(
-        input_ids=to_device(ids, device),
-        positions=to_device(pos, device),
-        slot_mapping=to_device(slots, device),
-        query_start_loc=to_device(qsl, device),
-        kv_lens=to_device(kv_lens, device),
-        block_tables=to_device(tables, device).view(len(chunks), width),
+        input_ids=to_device(ids, device, on_host),
+        positions=to_device(pos, device, on_host),
+        slot_mapping=to_device(slots, device, on_host),
+        query_start_loc=to_device(qsl, device, on_host),
+        kv_lens=to_device(kv_lens, device, on_host),
+        block_tables=to_device(tables, device, on_host).view(len(chunks), width),
         block_size=block_size,
-        window_masks=[None if c.window_mask is None else c.window_mask.to(device, non_blocking=True) for c in chunks],
+        window_masks=[None if c.window_mask is None else c.window_mask if on_host and c.window_mask.device.type == "cpu"
+                      else c.window_mask.to(device, non_blocking=True) for c in chunks],
         host=HostMeta(qsl, kv_lens, host_tables),
     )
 
@@ -101,6 +107,8 @@ class Verifier:
         if kv_disk is not None and not num_host_blocks:
             raise ValueError(f"a disk KV tier ({kv_disk.directory!r}) needs a host tier: num_host_blocks >= 1")
         self.host_pool = HostKVPool(self.kv_caches, num_host_blocks, kv_disk) if num_host_blocks else None
+        self.native_kv_copies = (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+                                 and cpu_native.load())
         self.graphs = None
         if not enforce_eager and self.weight_offload is None and graphs_usable(model, torch.device(device)) is None:
             from actors.model.graph_runner import CudaGraphRunner
@@ -137,7 +145,11 @@ class Verifier:
         """Move K/V of accepted tree nodes to their sequence's logical positions (all layers)."""
         if not src:
             return
-        copy_kv_slots(self.kv_caches, to_device(src, self.device), to_device(dst, self.device))
+        src_t, dst_t = to_device(src, self.device), to_device(dst, self.device)
+        if self.native_kv_copies:  # one op, not two per cache (120 for the default model)
+            cpu_native.copy_kv_slots([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], src_t, dst_t)
+        else:
+            copy_kv_slots(self.kv_caches, src_t, dst_t)
 
     def apply_block_copies(self, copies: list[BlockCopy]) -> None:
         """Execute the allocator's tier moves (evict device -> host, load host -> device, spill host

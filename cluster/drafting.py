@@ -200,14 +200,17 @@ class DraftPlanner:
             seq, n0 = s.seq, computed[s.seq.seq_id]
             n1 = seq.num_computed
             if not seq.is_finished and n1 > n0:
-                if s.is_decode:
-                    tree = trees.get(seq.seq_id) or TokenTree.root(seq.token_ids[-1])
+                rows = list(range(n1 - n0))  # a prefill chunk, a plain decode step, a chain's accepted path
+                tree = trees.get(seq.seq_id) if s.is_decode else None
+                if tree is not None and n1 - n0 > 1:
                     kids, rows = tree.child_lists(), [0]
                     for tok in seq.token_ids[n0 + 1: n1]:
                         rows.append(next(c for c in kids[rows[-1]] if tree.tokens[c] == tok))
+                if rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: a view, not an index op
+                    feats = hidden[start + rows[0]: start + rows[-1] + 1]
                 else:
-                    rows = list(range(n1 - n0))
-                self.proposer.observe(seq.seq_id, n0, hidden[start + torch.tensor(rows)])
+                    feats = hidden[start + torch.tensor(rows)]
+                self.proposer.observe(seq.seq_id, n0, feats)
             start += len(chunk.token_ids)
 
     def measure(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], computed: dict[int, int],

@@ -248,7 +248,7 @@ def _bind() -> None:
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
         "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
-        "top_logprobs", "head_step", "set_attention_segment", "attention_segment")
+        "top_logprobs", "head_step", "set_attention_segment", "attention_segment", "copy_kv_slots")
 
 
 def _first_call(name: str):
@@ -314,6 +314,14 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_
     """qkv [N, (h + 2 kvh) d]; cos/sin N rows of d/2; slot_mapping [N] int64; caches [blocks, bs, kvh, d]
     -> rotated q [N, h, d], after writing rotated k and v at the slots."""
     return _rope_write_kv(qkv, cos, sin, slot_mapping, k_cache, v_cache, h, kvh)
+
+
+def copy_kv_slots(k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], src: torch.Tensor,
+                  dst: torch.Tensor) -> None:
+    """``actors.model.attention.copy_kv_slots`` in one op: the K/V rows of slots src [M] (int64) copied to
+    slots dst [M] in every layer's caches (contiguous [blocks, bs, kvh, d], fp32 or bf16), every source
+    read before any destination is written (two torch ops per cache instead: 120 for the default model)."""
+    _copy_kv_slots(k_caches, v_caches, src, dst)
 
 
 _NO_BIAS = torch.empty(0)  # decoder_layers' stand-in for an absent bias

@@ -28,14 +28,17 @@ def host_int64(values: Iterable[int]) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.int64) if len(buf) else torch.empty(0, dtype=torch.int64)
 
 
-def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+def to_device(values: list[int], device: torch.device, on_host: bool | None = None) -> torch.Tensor:
     """int64 [len(values)] on ``device`` without waiting for the device's queued work (a plain
-    ``torch.tensor(..., device=cuda)`` synchronises the stream)."""
+    ``torch.tensor(..., device=cuda)`` synchronises the stream). on_host: whether ``device`` is the CPU,
+    when the caller knows (a batch's six tensors ask once)."""
     try:
         t = host_int64(values)
     except TypeError:  # not plain integers (e.g. floats): torch.tensor's own conversion and errors
         t = torch.tensor(values, dtype=torch.int64)
-    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+    if on_host is None:
+        on_host = torch.device(device).type == "cpu"
+    return t if on_host else t.to(device, non_blocking=True)
 
 
 @dataclass(slots=True)

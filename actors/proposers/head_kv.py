@@ -28,6 +28,7 @@ from actors.model.attention import allocate_kv_cache
 from actors.model.attention_backends import native_meta
 from actors.model.batch import ForwardBatch, host_int64, to_device
 from actors.model.graph_runner import MAX_GRAPH_TOKENS, GraphRunner
+from actors.model.llama import cos_sin_rows
 from kernels import cpu_native
 
 
@@ -138,7 +139,7 @@ def native_head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadK
     """``head_step`` as one ``cpu_native.head_step`` op (entries, the decoder layer, the output norm,
     the LM rows and their top-k): ~40 fewer Python-side ops and calls per step. Writes the step's K/V."""
     c, w = head.cfg, head.native_weights()
-    cos, sin = head.rotary.cos_sin(batch.positions)
+    cos, sin = cos_sin_rows(head.rotary.halves_tables(batch.positions))  # cos_sin's values, one lookup, no max()
     qsl, kv_lens, tables, windows = native_meta(batch)
     picked, logits, ids, logprobs = cpu_native.head_step(
         batch.input_ids, feats, head.embed, w.fc, head.fc.bias, w.layer, pool.k, pool.v, cos, sin, batch.slot_mapping,

@@ -9,8 +9,11 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 namespace specray {
 namespace {
@@ -337,6 +340,39 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
     }
   });
   return q;
+}
+
+void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& src, const at::Tensor& dst) {
+  check_i64(src, "copy_kv_slots: src");
+  check_i64(dst, "copy_kv_slots: dst");
+  TORCH_CHECK(src.dim() == 1 && dst.dim() == 1 && src.size(0) == dst.size(0) && src.is_contiguous() &&
+                  dst.is_contiguous(),
+              "copy_kv_slots: src ", src.sizes(), " and dst ", dst.sizes(), " must be equal-length contiguous vectors");
+  TORCH_CHECK(k_caches.size() == v_caches.size(), "copy_kv_slots: ", k_caches.size(), " K caches but ",
+              v_caches.size(), " V caches");
+  const int64_t M = src.size(0);
+  const int64_t* s = src.const_data_ptr<int64_t>();
+  const int64_t* d = dst.const_data_ptr<int64_t>();
+  std::vector<const at::Tensor*> caches;
+  for (size_t layer = 0; layer < k_caches.size(); ++layer) caches.push_back(&k_caches[layer]), caches.push_back(&v_caches[layer]);
+  for (const at::Tensor* cache : caches) {  // every check before any write
+    check_kv_caches(*cache, *cache, "copy_kv_slots");
+    TORCH_CHECK(cache->is_contiguous() && cache->dim() >= 2, "copy_kv_slots: caches must be contiguous [slots..., ",
+                "kvh, d], got ", cache->sizes());
+    const int64_t slots = cache->numel() / std::max<int64_t>(1, cache->size(-1) * cache->size(-2));
+    for (int64_t i = 0; i < M; ++i)
+      TORCH_CHECK(s[i] >= 0 && s[i] < slots && d[i] >= 0 && d[i] < slots, "copy_kv_slots: slot ", s[i], " -> ", d[i],
+                  " outside the cache's ", slots, " slots");
+  }
+  std::vector<char> rows;
+  for (const at::Tensor* cache : caches) {
+    const int64_t width = cache->size(-1) * cache->size(-2) * static_cast<int64_t>(cache->element_size());
+    char* base = static_cast<char*>(cache->data_ptr());
+    rows.resize(static_cast<size_t>(M * width));
+    for (int64_t i = 0; i < M; ++i)  // every source read before any destination is written
+      std::memcpy(rows.data() + i * width, base + s[i] * width, static_cast<size_t>(width));
+    for (int64_t i = 0; i < M; ++i) std::memcpy(base + d[i] * width, rows.data() + i * width, static_cast<size_t>(width));
+  }
 }
 
 }  // namespace specray

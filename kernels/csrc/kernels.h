@@ -72,6 +72,9 @@ std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k);
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
                          const at::Tensor& out = at::Tensor());
+// copy the K/V rows of cache slots src [M] to slots dst [M] in every layer's caches, all sources read
+// before any destination is written (actors.model.attention.copy_kv_slots)
+void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& src, const at::Tensor& dst);
 
 // attention.cpp
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

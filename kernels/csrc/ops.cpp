@@ -37,6 +37,8 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
         "int h, int kvh) -> Tensor",
         [](const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& slots, Tensor& k, Tensor& v,
            int64_t h, int64_t kvh) { return specray::rope_write_kv(qkv, cos, sin, slots, k, v, h, kvh); });
+  m.def("copy_kv_slots(Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor src, Tensor dst) -> ()",
+        &specray::copy_kv_slots);
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor kv_lens, "
         "Tensor block_tables, float scale, Tensor[] windows) -> Tensor",
         [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qsl, const Tensor& lens,

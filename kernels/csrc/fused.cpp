@@ -354,7 +354,10 @@ void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::T
   const int64_t* s = src.const_data_ptr<int64_t>();
   const int64_t* d = dst.const_data_ptr<int64_t>();
   std::vector<const at::Tensor*> caches;
-  for (size_t layer = 0; layer < k_caches.size(); ++layer) caches.push_back(&k_caches[layer]), caches.push_back(&v_caches[layer]);
+  for (size_t layer = 0; layer < k_caches.size(); ++layer) {
+    caches.push_back(&k_caches[layer]);
+    caches.push_back(&v_caches[layer]);
+  }
   for (const at::Tensor* cache : caches) {  // every check before any write
     check_kv_caches(*cache, *cache, "copy_kv_slots");
     TORCH_CHECK(cache->is_contiguous() && cache->dim() >= 2, "copy_kv_slots: caches must be contiguous [slots..., ",
@@ -371,7 +374,8 @@ void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::T
     rows.resize(static_cast<size_t>(M * width));
     for (int64_t i = 0; i < M; ++i)  // every source read before any destination is written
       std::memcpy(rows.data() + i * width, base + s[i] * width, static_cast<size_t>(width));
-    for (int64_t i = 0; i < M; ++i) std::memcpy(base + d[i] * width, rows.data() + i * width, static_cast<size_t>(width));
+    for (int64_t i = 0; i < M; ++i)
+      std::memcpy(base + d[i] * width, rows.data() + i * width, static_cast<size_t>(width));
   }
 }
 

@@ -71,9 +71,15 @@ def native_meta(batch: ForwardBatch) -> tuple:
     once per forward in ``batch.cache``."""
     meta = batch.cache.get(NATIVE_KEY)
     if meta is None:
-        meta = batch.cache[NATIVE_KEY] = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(),
-                                          batch.block_tables.contiguous(), cpu_native.windows_arg(batch.window_masks))
+        meta = batch.cache[NATIVE_KEY] = (_dense(batch.query_start_loc), _dense(batch.kv_lens),
+                                          _dense(batch.block_tables), cpu_native.windows_arg(batch.window_masks))
     return meta
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()`` without its dispatcher call when ``t`` already is (a built batch's tensors are;
+    a lone token's doubled batch holds broadcast views)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def native_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,

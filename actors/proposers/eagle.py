@@ -26,7 +26,7 @@ from actors.model.attention import paged_attention
 from actors.model.graph_runner import TOKENS_PER_SEQ
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
-from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, scored_rows
+from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, rows_of, scored_rows
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree
@@ -116,13 +116,15 @@ class EagleProposer(Proposer):
         self.catch_up_s = perf_counter() - t0
         dyn = [j for j, i in enumerate(live) if self.grows_tree(reqs[i])]
         if dyn:
-            grown = self._grow_trees([reqs[live[j]] for j in dyn], feats[dyn], scores.take(dyn), [idx[j] for j in dyn])
+            grown = self._grow_trees([reqs[live[j]] for j in dyn], rows_of(feats, dyn), scores.take(dyn),
+                                     [idx[j] for j in dyn])
             for j, tree in zip(dyn, grown):
                 trees[live[j]] = tree
             keep = [j for j in range(len(live)) if j not in set(dyn)]
             if not keep:
                 return trees
-            live, idx, feats, scores = [live[j] for j in keep], [idx[j] for j in keep], feats[keep], scores.take(keep)
+            live, idx = [live[j] for j in keep], [idx[j] for j in keep]
+            feats, scores = rows_of(feats, keep), scores.take(keep)
         tips = [0] * len(live)
         depth = 0
         while True:
@@ -132,7 +134,7 @@ class EagleProposer(Proposer):
             if not go:
                 return trees
             live, idx, tips = [live[j] for j in go], [idx[j] for j in go], [tips[j] for j in go]
-            feats, scores = self._draft_step([toks[j] for j in go], feats[go], [reqs[i] for i in live], idx)
+            feats, scores = self._draft_step([toks[j] for j in go], rows_of(feats, go), [reqs[i] for i in live], idx)
             idx = [a + 1 for a in idx]
 
     def _ready(self, r: DraftRequest) -> bool:
@@ -254,7 +256,7 @@ class EagleProposer(Proposer):
             if not front:
                 break
             src = {row: i for i, row in enumerate(rows)}
-            feats, scores = self._tree_step(front, feats[[src[(j, pools[j].parents[c])] for j, c in front]],
+            feats, scores = self._tree_step(front, rows_of(feats, [src[(j, pools[j].parents[c])] for j, c in front]),
                                             pools, reqs, idx, entry, nxt)
             rows = front
         return [p.to_tree(r.max_nodes) for p, r in zip(pools, reqs)]

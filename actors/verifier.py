@@ -14,7 +14,7 @@ from actors.kv_disk_pool import DiskTierSpec
 from actors.kv_host_pool import HostKVPool
 from actors.kv_host_tier import BlockCopy
 from actors.model.attention import allocate_kv_cache, copy_kv_slots
-from actors.model.batch import ForwardBatch, HostMeta, to_device
+from actors.model.batch import ForwardBatch, HostMeta, rows_of, to_device
 from actors.model.weight_offload import offload_weights
 from kernels import cpu_native
 
@@ -107,8 +107,10 @@ class Verifier:
         if kv_disk is not None and not num_host_blocks:
             raise ValueError(f"a disk KV tier ({kv_disk.directory!r}) needs a host tier: num_host_blocks >= 1")
         self.host_pool = HostKVPool(self.kv_caches, num_host_blocks, kv_disk) if num_host_blocks else None
-        self.native_kv_copies = (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-                                 and cpu_native.load())
+        # accepted tree nodes' K/V moved by one native op (its K and V lists made once), else the torch copy
+        self.native_kv_copies = (([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches])
+                                 if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+                                 and cpu_native.load() else None)
         self.graphs = None
         if not enforce_eager and self.weight_offload is None and graphs_usable(model, torch.device(device)) is None:
             from actors.model.graph_runner import CudaGraphRunner
@@ -134,11 +136,7 @@ class Verifier:
             hidden = self.model(batch, self.kv_caches, num_layers=num_layers)  # [N, hidden]
         else:  # a graph's static output [N_pad, hidden]: this step's rows, kept past the next replay
             hidden = hidden[:n].clone()
-        if len(logit_rows) == n and logit_rows == list(range(n)):
-            picked = hidden
-        else:
-            picked = hidden.index_select(0, to_device(logit_rows, self.device))
-        logits = self.model.compute_logits(picked)
+        logits = self.model.compute_logits(rows_of(hidden, logit_rows))
         return (logits if logits.dtype is torch.float32 else logits.float()), hidden  # .float() is an op
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
@@ -146,8 +144,8 @@ class Verifier:
         if not src:
             return
         src_t, dst_t = to_device(src, self.device), to_device(dst, self.device)
-        if self.native_kv_copies:  # one op, not two per cache (120 for the default model)
-            cpu_native.copy_kv_slots([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], src_t, dst_t)
+        if self.native_kv_copies is not None:  # one op, not two per cache (120 for the default model)
+            cpu_native.copy_kv_slots(*self.native_kv_copies, src_t, dst_t)
         else:
             copy_kv_slots(self.kv_caches, src_t, dst_t)
 

@@ -41,6 +41,19 @@ def to_device(values: list[int], device: torch.device, on_host: bool | None = No
     return t if on_host else t.to(device, non_blocking=True)
 
 
+def is_every_row(rows: list[int], n: int) -> bool:
+    """Whether ``rows`` are 0..n-1 in order (a selection that changes nothing)."""
+    return len(rows) == n and rows == list(range(n))
+
+
+def rows_of(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t [R, ...] -> its ``rows`` [len(rows), ...] (a copy; ``t`` itself when they are all of its rows in
+    order, as at concurrency 1): one index_select, where indexing with a list is ~4 ops."""
+    if is_every_row(rows, t.shape[0]):
+        return t
+    return t.index_select(0, to_device(rows, t.device))
+
+
 @dataclass(slots=True)
 class HostMeta:
     """Host copies of a batch's lengths and block tables, as the batch was built from them: the torch

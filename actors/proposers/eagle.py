@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from actors.model.attention import paged_attention
+from actors.model.batch import rows_of
 from actors.model.graph_runner import TOKENS_PER_SEQ
 from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
-from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, rows_of, scored_rows
+from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, scored_rows
 from actors.eagle.head import EagleHead
 from actors.sampling import logits_to_probs, race_top_among, sample_distinct
 from actors.tree import TokenTree

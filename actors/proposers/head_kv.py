@@ -26,7 +26,7 @@ import torch
 
 from actors.model.attention import allocate_kv_cache
 from actors.model.attention_backends import native_meta
-from actors.model.batch import ForwardBatch, host_int64, to_device
+from actors.model.batch import ForwardBatch, host_int64, is_every_row, rows_of
 from actors.model.graph_runner import MAX_GRAPH_TOKENS, GraphRunner
 from actors.model.llama import cos_sin_rows
 from kernels import cpu_native
@@ -98,23 +98,10 @@ class HeadScores:
         return HeadScores(rows_of(self.logits, rows), [self.ids[i] for i in rows], [self.logprobs[i] for i in rows])
 
 
-def is_every_row(rows: list[int], n: int) -> bool:
-    """Whether ``rows`` are 0..n-1 in order (a selection that changes nothing)."""
-    return len(rows) == n and rows == list(range(n))
-
-
-def rows_of(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """t [R, ...] -> its ``rows`` [len(rows), ...] (a copy; ``t`` itself when they are all of its rows in
-    order, as at concurrency 1): one index_select, where indexing with a list is ~4 ops."""
-    if is_every_row(rows, t.shape[0]):
-        return t
-    return t.index_select(0, to_device(rows, t.device))
-
-
 def scored_rows(head, out: torch.Tensor, score: list[int], k: int) -> tuple[torch.Tensor, HeadScores]:
     """out [N, H]: a step's f̂ -> (its rows ``score`` [R, H] (ascending row indices; all of them: out
     itself), the head's scores of them)."""
-    picked = out if len(score) == out.shape[0] else out[to_device(score, out.device)]
+    picked = rows_of(out, score)
     return picked, head_scores(head, picked, k)
 
 

@@ -224,6 +224,30 @@ def set_attention_segment(keys: int) -> int:
     return before
 
 
+# the phases of a decoder_layers call that phase_timing tells apart (csrc/kernels.h's Phase order)
+PHASES = ("norms", "qkv", "rope + kv write", "attention", "o", "gate_up", "silu * up", "down")
+
+
+@contextlib.contextmanager
+def phase_timing():
+    """Inside the block every ``decoder_layers`` call (the target's forward, and the EAGLE head's
+    drafting steps, which run one) sums the calling thread's wall time per phase (``PHASES``; norms
+    include their residual adds and the final norm). Yields ``read()``: seconds per phase since the
+    last read (or the block's start), as a dict, then counted from zero again."""
+    if not load():
+        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+
+    def read() -> dict[str, float]:
+        return dict(zip(PHASES, _phase_times().tolist()))
+
+    before = bool(_set_phase_timing(True))
+    read()
+    try:
+        yield read
+    finally:
+        _set_phase_timing(before)
+
+
 @contextlib.contextmanager
 def attention_segment(keys: int):
     """``set_attention_segment(keys)`` for the ``with`` block, the value before restored after it."""
@@ -248,7 +272,8 @@ def _bind() -> None:
 
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
         "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
-        "top_logprobs", "head_step", "set_attention_segment", "attention_segment", "copy_kv_slots")
+        "top_logprobs", "head_step", "set_attention_segment", "attention_segment", "copy_kv_slots",
+        "set_phase_timing", "phase_times")
 
 
 def _first_call(name: str):

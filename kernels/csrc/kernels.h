@@ -86,11 +86,18 @@ void set_attention_segment(int64_t keys);
 int64_t attention_segment();
 
 // layers.cpp
+// the phases of decoder_layers that phase timing tells apart (kNorms: the RMSNorms with their residual
+// adds, the final norm's included)
+enum Phase : int { kNorms, kQkv, kRopeKv, kAttention, kO, kGateUp, kSiluMul, kDown, kPhases };
 at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::TensorList k_caches,
                           at::TensorList v_caches, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                           const at::Tensor& query_start_loc, const at::Tensor& kv_lens, const at::Tensor& block_tables,
                           at::TensorList windows, int64_t h, int64_t kvh, double eps, double scale,
                           const at::Tensor& final_norm);
+// phase timing of decoder_layers calls, process-wide: on or off (returns the setting before); the
+// seconds per phase summed since the last read, as float64 [kPhases] (and set back to zero)
+bool set_phase_timing(bool on);
+at::Tensor phase_times();
 
 // eagle.cpp: the EAGLE head's drafting step -> (features of score_rows [R, H], their logits [R, Vd],
 // top-k target ids [R, k] int64 (vocab's entries), their log-probabilities [R, k])

@@ -7,14 +7,44 @@
 //   input norm [H], qkv packed, qkv bias [(h + 2 kvh) d], o packed, o bias [H],
 //   post-attention norm [H], gate_up packed, gate_up bias [2I], down packed, down bias [H]
 // (packed: kernels/cpu_native.py pack_linear, fp32 or bf16, or kernels/gguf_blocks.py quantized tiles).
+//
+// Phase timing (set_phase_timing, phase_times; benchmarks/step_phases.py): when on, the calling thread's
+// wall time in each phase of every layer is summed per phase (kernels.h's Phase order). Off, a phase
+// costs one relaxed load of a flag; on, two clock reads per phase (~300 per call of 30 layers).
 #include "kernels.h"
 
 #include <ATen/ops/empty.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
 
 namespace specray {
 namespace {
 
 constexpr int64_t kWeightsPerLayer = 10;
+
+std::atomic<bool> g_timing{false};
+std::array<std::atomic<int64_t>, kPhases> g_phase_ns{};
+
+// marks the end of each phase: the time since the previous mark goes to that phase
+class PhaseClock {
+ public:
+  PhaseClock() : on_(g_timing.load(std::memory_order_relaxed)) {
+    if (on_) last_ = std::chrono::steady_clock::now();
+  }
+  void mark(Phase phase) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    g_phase_ns[phase].fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count(),
+                                std::memory_order_relaxed);
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 std::optional<at::Tensor> bias_of(const at::Tensor& t) {
   return t.numel() > 0 ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -42,6 +72,7 @@ at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::Tenso
   at::Tensor gate_up = buffer({N, 2 * I}), act = buffer({N, I}), a = buffer({N, H}), b = buffer({N, H});
   const at::Tensor attn_rows = attn.view({N, h * d});  // o_proj's input: the heads side by side
   at::Tensor residual = x;  // layer 0: the embeddings; its input norm has no residual to add
+  PhaseClock clock;
   rmsnorm(x, weights[0], eps, normed);
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
@@ -49,18 +80,38 @@ at::Tensor decoder_layers(const at::Tensor& x, at::TensorList weights, at::Tenso
       rmsnorm_residual(b, residual, w[0], eps, normed);
       residual = b;
     }
+    clock.mark(kNorms);
     linear(normed, w[1], qkv_width, bias_of(w[2]), qkv);
+    clock.mark(kQkv);
     at::Tensor k = k_caches[l], v = v_caches[l];
     rope_write_kv(qkv, cos, sin, slots, k, v, h, kvh, q);
+    clock.mark(kRopeKv);
     paged_attention(q, k, v, query_start_loc, kv_lens, block_tables, scale, windows, attn);
+    clock.mark(kAttention);
     linear(attn_rows, w[3], H, bias_of(w[4]), a);
+    clock.mark(kO);
     rmsnorm_residual(a, residual, w[5], eps, normed);
     residual = a;
+    clock.mark(kNorms);
     linear(normed, w[6], 2 * I, bias_of(w[7]), gate_up);
+    clock.mark(kGateUp);
     silu_and_mul(gate_up, act);
+    clock.mark(kSiluMul);
     linear(act, w[8], H, bias_of(w[9]), b);
+    clock.mark(kDown);
   }
-  return rmsnorm_residual(b, residual, final_norm, eps);
+  at::Tensor out = rmsnorm_residual(b, residual, final_norm, eps);
+  clock.mark(kNorms);
+  return out;
+}
+
+bool set_phase_timing(bool on) { return g_timing.exchange(on); }
+
+at::Tensor phase_times() {
+  at::Tensor out = at::empty({kPhases}, at::kDouble);
+  double* p = out.mutable_data_ptr<double>();
+  for (int i = 0; i < kPhases; ++i) p[i] = static_cast<double>(g_phase_ns[i].exchange(0)) * 1e-9;
+  return out;
 }
 
 }  // namespace specray

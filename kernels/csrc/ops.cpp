@@ -51,6 +51,8 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
         "Tensor slots, Tensor query_start_loc, Tensor kv_lens, Tensor block_tables, Tensor[] windows, "
         "int h, int kvh, float eps, float scale, Tensor final_norm) -> Tensor",
         &specray::decoder_layers);
+  m.def("set_phase_timing(bool on) -> bool", &specray::set_phase_timing);
+  m.def("phase_times() -> Tensor", &specray::phase_times);
   m.def("top_logprobs(Tensor x, int k) -> (Tensor, Tensor)", &specray::top_logprobs);
   m.def("head_step(Tensor tokens, Tensor feats, Tensor embed, Tensor fc, Tensor fc_bias, Tensor[] weights, "
         "Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor slots, Tensor query_start_loc, "

@@ -108,6 +108,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return _last_with_mass(probs)  # u * total rounded up to the total, or no mass at all
 
 
+def sample_unseeded(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
+    """One token from logits [V] under ``params``' temperature, top-k and top-p, drawn from
+    ``generator``: ``sample(logits_to_probs(logits, ...), generator)`` in distribution, one uniform
+    draw. Where only the temperature shapes it (no top-k or top-p) and the row is fp32 on the CPU,
+    the native kernel inverts the CDF in two passes over the logits, making no buffer: ~25 us for
+    49,152 logits where the torch path took ~0.3 ms (four vocabulary-sized buffers, cold after the
+    forward). Rows with a NaN or +inf logit, or no mass, take the torch path."""
+    if (logits.dim() == 1 and logits.dtype is torch.float32 and logits.device.type == "cpu"
+            and logits.stride(0) == 1 and logits.shape[0] > 0 and not 0 < params.top_k < logits.shape[0]
+            and params.top_p >= 1.0 and cpu_native.load()):
+        token = cpu_native.sample_logits(logits, params.temperature, uniform(generator, "cpu"))
+        if token >= 0:
+            return token
+    return sample(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), generator)
+
+
 def _last_with_mass(probs: torch.Tensor) -> int:
     """probs [V] -> the highest index with positive mass (where a draw rounded to the total lands)."""
     support = (probs > 0).nonzero()
@@ -219,12 +235,11 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     ``params.seed`` set, the (seed, position) race for the token at ``position``."""
     if params.greedy:
         return int(greedy(logits))
-    probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
-    if params.seed is not None:
-        if position is None:
-            raise ValueError("a seeded request samples by position: pass the position of the token drawn")
-        return sample_at(probs, params.seed, position)
-    return sample(probs, generator)
+    if params.seed is None:
+        return sample_unseeded(logits, params, generator)
+    if position is None:
+        raise ValueError("a seeded request samples by position: pass the position of the token drawn")
+    return sample_at(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), params.seed, position)
 
 
 @dataclass(slots=True)

@@ -273,7 +273,7 @@ def _bind() -> None:
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
         "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
         "top_logprobs", "head_step", "set_attention_segment", "attention_segment", "copy_kv_slots",
-        "set_phase_timing", "phase_times")
+        "set_phase_timing", "phase_times", "sample_logits")
 
 
 def _first_call(name: str):
@@ -332,6 +332,14 @@ def top_logprobs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, V] fp32 (rows contiguous) -> (values [N, k], indices [N, k] int64): ``torch.log_softmax(x,
     -1).topk(k)`` (best first; equal values in index order) in three vector passes a row."""
     return _top_logprobs(x, k)
+
+
+def sample_logits(x: torch.Tensor, temperature: float, u: float) -> int:
+    """One token drawn from softmax(x / temperature), x a contiguous [V] fp32 row, by inverting its CDF
+    at the uniform draw u in [0, 1): the first token whose cumulative mass exceeds u times the total
+    (a token without mass is never drawn), in two passes over the row and no buffer made. -1 where the
+    row has a NaN or +inf logit or no mass at all (the torch path decides those)."""
+    return _sample_logits(x, temperature, u)
 
 
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,

@@ -1,6 +1,6 @@
 // Row-wise small ops of the decoder layer, each one pass over its rows: RMSNorm (with the residual
-// add), SiLU-and-multiply, and RoPE fused with the KV-cache write; and the argmax and the top-k
-// log-probabilities of logits' rows. Rows are independent: threads
+// add), SiLU-and-multiply, and RoPE fused with the KV-cache write; and the argmax, the top-k
+// log-probabilities and a sampled token of logits' rows. Rows are independent: threads
 // split rows, and a row's reductions run in one fixed order (vec16.h).
 #include "kernels.h"
 
@@ -377,6 +377,81 @@ void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::T
     for (int64_t i = 0; i < M; ++i)
       std::memcpy(base + d[i] * width, rows.data() + i * width, static_cast<size_t>(width));
   }
+}
+
+}  // namespace specray
+
+namespace specray {
+namespace {
+
+// softmax(x / T) of one row, unnormalised: e[j] = exp((x[j] - m) / T) (m: the row's maximum) into e,
+// and the sums of each 16 of them (in double) into sums; returns their total, summed in block order
+// (NaN where a logit is NaN or +inf; -inf logits have no mass)
+double row_exps(const float* x, int64_t V, float inv_t, float* e, double* sums) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  const V16 floor = vset1(std::numeric_limits<float>::lowest());
+  V16 mx = vset1(lowest), bad = vzero();
+  for (int64_t k = 0; k < V; k += kLanes) {
+    const V16 v = vload_or(x + k, static_cast<int>(std::min<int64_t>(kLanes, V - k)), lowest);
+    mx = vmax(mx, v);
+    const V16 w = vmax(floor, v);  // -inf raised to the lowest finite value; NaN (the second operand) kept
+    bad = vadd(bad, vsub(w, w));   // 0, or NaN once a lane is NaN or +inf
+  }
+  if (!(vsum(bad) == 0.f)) return std::numeric_limits<double>::quiet_NaN();
+  const V16 m = vset1(vmaxr(mx)), inv = vset1(inv_t);
+  double total = 0.;
+  for (int64_t b = 0, k = 0; k < V; ++b, k += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, V - k));
+    const V16 v = vexp(vmul(vsub(vload_or(x + k, n, lowest), m), inv));  // padding lanes: exp(-inf) = 0
+    vstore_n(e + k, v, n);
+    sums[b] = static_cast<double>(vsum(v));
+    total += sums[b];
+  }
+  return total;
+}
+
+}  // namespace
+
+int64_t sample_logits(const at::Tensor& x, double temperature, double u) {
+  check_f32(x, "sample_logits: x");
+  TORCH_CHECK(x.dim() == 1 && x.stride(0) == 1 && x.numel() > 0, "sample_logits: x must be a contiguous [V] row "
+              "of at least one logit, got ", x.sizes(), " strides ", x.strides());
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature), "sample_logits: temperature must be > 0, got ",
+              temperature);
+  TORCH_CHECK(u >= 0 && u < 1, "sample_logits: u must be a uniform draw in [0, 1), got ", u);
+  const int64_t V = x.numel(), blocks = (V + kLanes - 1) / kLanes;
+  thread_local std::vector<float> e;  // the row's exponentials and block sums, kept between calls
+  thread_local std::vector<double> sums;
+  if (static_cast<int64_t>(e.size()) < blocks * kLanes) e.resize(blocks * kLanes);
+  if (static_cast<int64_t>(sums.size()) < blocks) sums.resize(blocks);
+  const double total = row_exps(x.const_data_ptr<float>(), V, static_cast<float>(1. / temperature), e.data(),
+                                sums.data());
+  if (!(total > 0) || !std::isfinite(total)) return -1;  // a NaN or +inf logit, or no mass: the caller's path
+  // the first token whose cumulative mass exceeds u * total: its block by the block sums (added in the
+  // order the total was), then within the block; a token without mass is never drawn
+  const double target = u * total;
+  double before = 0.;
+  int64_t last = -1;  // the last block with mass
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (sums[b] > 0) last = b;
+    if (!(before + sums[b] > target)) {
+      before += sums[b];
+      continue;
+    }
+    double cum = before;
+    int64_t with_mass = -1;
+    for (int64_t j = b * kLanes; j < std::min(V, (b + 1) * kLanes); ++j) {
+      if (!(e[j] > 0)) continue;
+      with_mass = j;
+      cum += e[j];
+      if (cum > target) return j;
+    }
+    return with_mass;  // the block's float sum exceeded the target where its double sum did not
+  }
+  // u * total rounded up to the total: the last token with mass
+  for (int64_t j = std::min(V, (last + 1) * kLanes) - 1; j >= last * kLanes; --j)
+    if (e[j] > 0) return j;
+  return -1;  // not reached: a positive total has a token with mass
 }
 
 }  // namespace specray

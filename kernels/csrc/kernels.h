@@ -69,6 +69,9 @@ at::Tensor argmax_rows(const at::Tensor& x);
 // x [N, V] -> (values [N, k], indices [N, k] int64): torch.log_softmax(x, -1).topk(k), best first; equal
 // values in index order
 std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k);
+// one token drawn from softmax(x / temperature) of a row x [V] fp32 by inverting its CDF at u in [0, 1);
+// -1 where the row has a NaN or +inf logit or no mass (the caller's torch path decides then)
+int64_t sample_logits(const at::Tensor& x, double temperature, double u);
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
                          const at::Tensor& out = at::Tensor());

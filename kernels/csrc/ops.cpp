@@ -53,6 +53,7 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
         &specray::decoder_layers);
   m.def("set_phase_timing(bool on) -> bool", &specray::set_phase_timing);
   m.def("phase_times() -> Tensor", &specray::phase_times);
+  m.def("sample_logits(Tensor x, float temperature, float u) -> int", &specray::sample_logits);
   m.def("top_logprobs(Tensor x, int k) -> (Tensor, Tensor)", &specray::top_logprobs);
   m.def("head_step(Tensor tokens, Tensor feats, Tensor embed, Tensor fc, Tensor fc_bias, Tensor[] weights, "
         "Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor slots, Tensor query_start_loc, "

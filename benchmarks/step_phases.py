@@ -6,7 +6,7 @@ step of the default model with ``--context`` tokens cached:
     python -m benchmarks.step_phases [--batch 1,16] [--context 300] [--steps decode,chain,tree]
                                      [--reps 200] [--threads 2] [--kv-cache-dtype auto|float32|bfloat16]
 
-Steps as ``benchmarks.op_count`` makes them (plain decode, a K=5 chain, an 11-node tree). The phases are
+Steps as ``benchmarks.op_count`` makes them (plain decode, a K=5 chain, a 10-node tree). The phases are
 timed inside the one-op forward by ``kernels.cpu_native.phase_timing`` (the calling thread's wall
 clock, two reads a phase); the products' rates are the bytes of their packed weights over their time,
 to set beside ``python -m benchmarks.roofline --dtype streamed``. Prints ms per step (mean over
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (sequences per step)")
     ap.add_argument("--context", type=int, default=300, help="tokens already cached per sequence")
-    ap.add_argument("--steps", default=",".join(STEPS), help="of decode, chain (K=5), tree (11 nodes)")
+    ap.add_argument("--steps", default=",".join(STEPS), help="of decode, chain (K=5), tree (10 nodes)")
     ap.add_argument("--reps", type=int, default=200, help="steps timed per case")
     ap.add_argument("--threads", type=int, default=None, help="torch threads")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=engine_choices("kv_cache_dtype"),

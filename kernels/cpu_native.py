@@ -22,105 +22,27 @@ The references the tests hold the kernels to: ``F.linear``; ``kernels.triton_fus
 ``rmsnorm_residual_ref``, ``silu_and_mul_ref``, ``rope_write_kv_ref``; ``kernels.triton_attention``'s
 ``paged_attention_ref``.
 
-Build: ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/specray/cpu_kernels``
-(``SPECRAY_KERNELS_DIR``), named by a hash of the sources and of this CPU's model and flags, so a
-changed source or another CPU builds anew (about 20 s on 2 cores) and a built one loads in about a
-second; ``python -m kernels.cpu_native`` builds ahead (``make`` does). ``SPECRAY_CPU_KERNELS=0``
+Build: ``kernels/cpu_build.py`` compiles them with this machine's compiler, once per source, flag and
+CPU change; ``python -m kernels.cpu_native`` builds ahead (``make`` does). ``SPECRAY_CPU_KERNELS=0``
 turns the kernels off; without a compiler ``load()`` returns False and ``unavailable_reason()`` says
 why, and the model keeps the oneDNN products and the torch attention.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import logging
 import os
 import platform
-import shutil
 import threading
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from kernels.cpu_build import build, build_root
 
-CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "linear.cpp", "linear_fixed.cpp", "fused.cpp", "attention.cpp", "layers.cpp", "eagle.cpp")
-HEADERS = ("kernels.h", "vec16.h", "products.h", "attention_rows.h")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")  # no fma the code did not ask for
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _state: dict = {"ok": None, "why": None, "name": None}
-
-
-def cpu_fingerprint() -> str:
-    """The CPU's model name and instruction-set flags (what ``-march=native`` compiles for)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-    return "\n".join(sorted(set(keep))) or platform.machine()
-
-
-def build_name(extra_cflags: tuple[str, ...] = ()) -> str:
-    """The extension's name: a hash of the sources, the flags and this CPU."""
-    h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        h.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
-    h.update(" ".join(CFLAGS + extra_cflags).encode() + cpu_fingerprint().encode() + torch.__version__.encode())
-    return f"specray_cpu_{h.hexdigest()[:12]}"
-
-
-def build_root() -> Path:
-    """Where builds go: ``$SPECRAY_KERNELS_DIR``, else ``$XDG_CACHE_HOME/specray/cpu_kernels`` (~/.cache)."""
-    env = os.environ.get("SPECRAY_KERNELS_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specray" / "cpu_kernels"
-
-
-def build(extra_cflags: tuple[str, ...] = (), namespace: str = "specray_cpu", verbose: bool = False) -> str:
-    """Compile (or find already compiled) and load the kernels as ``torch.ops.<namespace>``; returns
-    the extension's name. Raises what the compiler or loader raised.
-
-    The sources are copied into the build's own directory and compiled from there, so every process
-    (a Ray worker's unpacked working_dir included) builds with the same command and finds the same
-    library. One process builds at a time under an flock, which the OS releases if the process dies;
-    torch's own lock file, which a killed builder leaves behind (and every later build then waits
-    on forever), is removed under it."""
-    from torch.utils import cpp_extension
-
-    _ninja_on_path()
-    flags = [*CFLAGS, *extra_cflags, f"-DSPECRAY_NS={namespace}"]
-    name = build_name(tuple(flags[len(CFLAGS):]))
-    root = build_root() / name
-    src = root / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    with open(root / "specray.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        (root / "lock").unlink(missing_ok=True)  # torch's FileBaton of a builder that died
-        for f in SOURCES + HEADERS:
-            data = (CSRC / f).read_bytes()
-            if not (src / f).is_file() or (src / f).read_bytes() != data:
-                (src / f).write_bytes(data)
-        cpp_extension.load(name=name, sources=[str(src / s) for s in SOURCES], extra_cflags=flags,
-                           extra_ldflags=["-fopenmp"], extra_include_paths=[str(src)], build_directory=str(root),
-                           is_python_module=False, verbose=verbose)
-    return name
-
-
-def _ninja_on_path() -> None:
-    """torch runs ``ninja`` from PATH: put the pip package's (a project dependency) there when the
-    virtual environment is not activated and the system has none."""
-    if shutil.which("ninja"):
-        return
-    try:
-        import ninja
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def load() -> bool:
@@ -134,6 +56,12 @@ def load() -> bool:
                 log.warning("specray CPU kernels unavailable (%s): oneDNN products and torch attention instead",
                             _state["why"])
     return _state["ok"]
+
+
+def _require_loaded() -> None:
+    """Load the kernels, or raise the error every caller that needs them gives."""
+    if not load():
+        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
 
 
 def _try_load() -> tuple[bool, str | None]:
@@ -174,8 +102,7 @@ def set_activations(mode: str) -> str:
     """What this process's products over GGUF blocks multiply from now on (``int16``, ``int8`` or ``float32``);
     returns the mode before. Tests and A/B benchmarks switch; a server keeps its environment's."""
     _activations_named(mode, "activations ")
-    if not load():
-        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+    _require_loaded()
     before = activations_in_effect()
     _set_activations(mode)
     return before
@@ -217,8 +144,7 @@ def set_attention_segment(keys: int) -> int:
     512 by default; 0: each row's keys as one segment, the arithmetic before segments); returns the
     value before. Rows of more keys than a segment get other bits after a change: tests and A/B
     benchmarks switch it, never a process while it serves."""
-    if not load():
-        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+    _require_loaded()
     before = int(_attention_segment())
     _set_attention_segment(int(keys))
     return before
@@ -234,8 +160,7 @@ def phase_timing():
     drafting steps, which run one) sums the calling thread's wall time per phase (``PHASES``; norms
     include their residual adds and the final norm). Yields ``read()``: seconds per phase since the
     last read (or the block's start), as a dict, then counted from zero again."""
-    if not load():
-        raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+    _require_loaded()
 
     def read() -> dict[str, float]:
         return dict(zip(PHASES, _phase_times().tolist()))
@@ -279,8 +204,7 @@ _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", 
 def _first_call(name: str):
     """The op's stand-in until the kernels are loaded: loads them (or says why it cannot), then calls."""
     def call(*args, **kwargs):
-        if not load():
-            raise RuntimeError(f"the specray CPU kernels cannot be used: {unavailable_reason()}")
+        _require_loaded()
         return globals()[f"_{name}"](*args, **kwargs)
     return call
 

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():  # the portable check imports the references b
 
 import pytest  # noqa: E402
 
+from kernels import cpu_build as cb  # noqa: E402
 from kernels import cpu_native as cn  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cn.load(), reason=f"CPU kernels not built: {cn.unavailable_reason()}")
@@ -22,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_build_is_named_by_sources_flags_and_cpu():
-    name = cn.build_name()
-    assert name.startswith("specray_cpu_") and name == cn.build_name()
-    assert cn.build_name(("-mno-avx512f",)) != name
+    name = cb.build_name()
+    assert name.startswith("specray_cpu_") and name == cb.build_name()
+    assert cb.build_name(("-mno-avx512f",)) != name
 
 
 def test_the_portable_build_without_avx512_matches_the_references():
@@ -35,7 +36,8 @@ import torch, torch.nn.functional as F
 from kernels import cpu_native as cn
 from kernels.triton_fused import silu_and_mul_ref
 from kernels.triton_attention import paged_attention_ref
-cn.build(("-mno-avx512f",), namespace="specray_cpu_portable")
+from kernels import cpu_build as cb
+cb.build(("-mno-avx512f",), namespace="specray_cpu_portable")
 ops = torch.ops.specray_cpu_portable
 assert not ops.has_avx512()
 g = torch.Generator().manual_seed(0)
@@ -87,7 +89,8 @@ import torch
 from kernels import cpu_native as cn
 from kernels import gguf_blocks as gb
 from tests.test_gguf_blocks import random_blocks
-cn.build(("-mno-avx512vnni", "-mno-avx512vbmi"), namespace="specray_cpu_novnni")
+from kernels import cpu_build as cb
+cb.build(("-mno-avx512vnni", "-mno-avx512vbmi"), namespace="specray_cpu_novnni")
 ops = torch.ops.specray_cpu_novnni
 assert ops.has_avx512() and cn.load()
 x = torch.randn(30, 64, generator=torch.Generator().manual_seed(1))
@@ -109,7 +112,7 @@ def test_a_builder_that_died_leaves_no_lock_that_blocks_the_next():
     """torch's FileBaton waits forever on the lock file of a build whose process was killed (a Ray
     worker killed mid-build did that): the next process removes it under its own flock and loads."""
     name = cn._state["name"]
-    stale = cn.build_root() / name / "lock"
+    stale = cb.build_root() / name / "lock"
     stale.write_text("")
     res = subprocess.run([sys.executable, "-m", "kernels.cpu_native"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -379,9 +379,6 @@ void copy_kv_slots(at::TensorList k_caches, at::TensorList v_caches, const at::T
   }
 }
 
-}  // namespace specray
-
-namespace specray {
 namespace {
 
 // softmax(x / T) of one row, unnormalised: e[j] = exp((x[j] - m) / T) (m: the row's maximum) into e,

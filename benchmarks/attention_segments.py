@@ -68,17 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--segments {bad[0]}: expected 0 or a positive multiple of 16")
     if min(contexts) < 1 or min(batches) < 1 or args.rounds < 1 or args.reps < 1:
         ap.error("--contexts, --batches, --rounds and --reps must be at least 1")
-    from actors.model.attention_backends import set_attention_backend
-    from actors.model.loader import load_model
-    from benchmarks.op_count import StepRunner
-    from kernels import cpu_native as cn
+    from benchmarks.op_count import StepRunner, native_cpu_model
 
-    if not cn.load():
-        ap.error(f"the native CPU kernels cannot be used here: {cn.unavailable_reason()}")
+    model, kv_dtype = native_cpu_model(ap, args.model, args.kv_cache_dtype)
     cpu = torch.device("cpu")
-    model = load_model(args.model, device=cpu).model
-    set_attention_backend(model, "native", cpu)
-    kv_dtype = None if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype)
     print(f"{args.model}, {torch.get_num_threads()} threads, {kv_dtype or model.dtype} KV cache; ABBA, {args.rounds} "
           f"rounds x {args.reps} steps per arm")
     rows = []

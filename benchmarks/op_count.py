@@ -173,6 +173,22 @@ class StepRunner:
         return lambda: self.verifier.forward_logits(chunks, rows)
 
 
+def native_cpu_model(ap: argparse.ArgumentParser, name: str, kv_cache_dtype: str):
+    """The model ``name`` on the CPU with the native kernels (``ap.error`` where they cannot be built),
+    and the KV cache dtype a ``--kv-cache-dtype`` flag asks for (None: the model's): what the native
+    kernels' benchmarks step (``benchmarks.attention_segments``, ``benchmarks.step_phases``)."""
+    from actors.model.attention_backends import set_attention_backend
+    from actors.model.loader import load_model
+    from kernels import cpu_native as cn
+
+    if not cn.load():
+        ap.error(f"the native CPU kernels cannot be used here: {cn.unavailable_reason()}")
+    cpu = torch.device("cpu")
+    model = load_model(name, device=cpu).model
+    set_attention_backend(model, "native", cpu)
+    return model, None if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
+
+
 STEPS = (("decode", "decode"), ("chain", f"chain K={CHAIN_K}"), ("tree", f"tree {len(TREE_PARENTS)}"))
 
 

@@ -103,19 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--steps {','.join(bad)}: expected decode, chain or tree")
     if min(batches) < 1 or args.context < 1 or args.reps < 1:
         ap.error("--batch sizes, --context and --reps must be at least 1")
-    from actors.model.attention_backends import set_attention_backend
-    from actors.model.loader import load_model
-    from benchmarks.op_count import StepRunner
+    from benchmarks.op_count import StepRunner, native_cpu_model
     from kernels import cpu_native as cn
 
-    if not cn.load():
-        ap.error(f"the native CPU kernels cannot be used here: {cn.unavailable_reason()}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    model, kv_dtype = native_cpu_model(ap, args.model, args.kv_cache_dtype)
     cpu = torch.device("cpu")
-    model = load_model(args.model, device=cpu).model
-    set_attention_backend(model, "native", cpu)
-    kv_dtype = None if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype)
     print(f"{args.model}, {torch.get_num_threads()} threads, {kv_dtype or model.dtype} KV cache, context "
           f"{args.context}; ms per step, mean of {args.reps}")
     times, rates = [], []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from actors.sampling_params import SamplingParams
-from actors.tree import TokenTree
+from actors.tree import Proposal, SubsetProposal, TokenTree
 from kernels import cpu_native
 
 _TOP_P_PREFIX = 1024  # top-p first tries this many most-probable tokens before a full sort
@@ -280,11 +280,23 @@ def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor | Sequence[int]) 
     return VerifyResult(nodes, [tree.tokens[i] for i in nodes], int(argmax[best]), bonus=not has_children)
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
+def proposal_prob(q: Proposal, token: int) -> float:
+    """q(token) of the proposal a draft node's ``token`` was drawn from (1 for a deterministic draft)."""
+    if q is None:
+        return 1.0
+    if isinstance(q, SubsetProposal):
+        return q.token_prob
+    return float(q[token])
+
+
+def _residual(p: torch.Tensor, q: Proposal, token: int) -> torch.Tensor:
     """norm(max(0, p - q)) [V]; q None = delta at token. Falls back to p if float error leaves no mass."""
     if q is None:
         r = p.clone()
         r[token] = 0.0
+    elif isinstance(q, SubsetProposal):
+        r = p.clone()
+        r[q.ids] = (p[q.ids] - q.probs.to(p.dtype)).clamp_min_(0.0)
     else:
         r = (p - q).clamp_min(0.0)
     total = r.sum()
@@ -306,22 +318,43 @@ def verify_sampling(
     """
     if target_probs.dim() != 2 or target_probs.shape[0] != tree.size:
         raise ValueError(f"target_probs must be [{tree.size}, V] for this tree, got {tuple(target_probs.shape)}")
+    return _multi_step(tree, target_probs.__getitem__, lambda i: sample(target_probs[i], generator), generator,
+                       target_probs.device)
+
+
+def verify_sampling_logits(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
+                           generator: torch.Generator | None = None) -> VerifyResult:
+    """``verify_sampling(tree, logits_to_probs(logits, ...), generator)`` for logits [n, V] of an
+    unseeded request, the same draws in the same order, with a node's distribution formed only
+    where a child is tried there (the rows the walk visits, not all n), and the next token drawn
+    straight from its logits row (``sample_unseeded``) where no child was rejected: at a leaf, and
+    for a sequence without a draft (plain decoding)."""
+    if logits.dim() != 2 or logits.shape[0] != tree.size:
+        raise ValueError(f"logits must be [{tree.size}, V] for this tree, got {tuple(logits.shape)}")
+    t, k, top_p = params.temperature, params.top_k, params.top_p
+    return _multi_step(tree, lambda i: logits_to_probs(logits[i], t, k, top_p),
+                       lambda i: sample_unseeded(logits[i], params, generator), generator, logits.device)
+
+
+def _multi_step(tree: TokenTree, probs_of, draw_at, generator: torch.Generator | None,
+                device: torch.device | str) -> VerifyResult:
+    """verify_sampling's walk; probs_of(i) -> the target's distribution [V] after node i (asked for
+    only where a child is tried), draw_at(i) -> a token drawn from it (one draw, where no child was
+    rejected)."""
     kids = tree.child_lists()
-    node, nodes = 0, []
-    p = target_probs[0]
-    while True:
+    node, nodes, residual = 0, [], None
+    while kids[node]:
+        p = probs_of(node)
         for child in kids[node]:
             token, q = tree.tokens[child], tree.draft_probs[child]
-            q_token = 1.0 if q is None else float(q[token])
-            if uniform(generator, target_probs.device) * q_token < float(p[token]):
-                node = child
+            if uniform(generator, device) * proposal_prob(q, token) < float(p[token]):
+                node, residual = child, None
                 break
-            p = _residual(p, q, token)
-        else:  # no child accepted (or none to try)
+            p = residual = _residual(p, q, token)
+        else:  # no child accepted
             break
         nodes.append(node)
-        p = target_probs[node]
-    next_token = sample(p, generator)
+    next_token = draw_at(node) if residual is None else sample(residual, generator)
     return VerifyResult(nodes, [tree.tokens[i] for i in nodes], next_token, bonus=not kids[node])
 
 

@@ -6,7 +6,8 @@ distribution for depth 1). Nodes 1.. are **draft tokens**. Nodes are topological
 window mask scores every node, and verification walks the tree in index order.
 
 Each draft node records the proposal it came from (``draft_probs``): the distribution q it was
-*sampled* from, or ``None`` for a deterministic proposal (top-k expansion, n-gram lookup, greedy
+*sampled* from ([V], or ``actors.sampling.SubsetProposal``: q over part of the vocabulary, as an
+EAGLE head's draft vocabulary), or ``None`` for a deterministic proposal (top-k expansion, n-gram lookup, greedy
 draft), which verification treats as a delta at the node's token. Multi-step speculative sampling
 (``actors.sampling.verify_sampling``) is lossless only if every sampled node is an independent draw
 from its q, which is why ``merge_trees`` never merges a sampled node into another node.
@@ -24,11 +25,34 @@ import torch
 MAX_TREE_NODES = 64  # draft nodes per tree: bounds the verify slots one sequence may reserve
 
 
+@dataclass(frozen=True, slots=True)
+class SubsetProposal:
+    """A draft node's proposal q over part of the vocabulary (an EAGLE head's draft vocabulary):
+    ``probs`` [S] at the token ids ``ids`` [S] (distinct), 0 elsewhere; ``token_prob`` is q at the
+    node's own token. Verification reads q at that token and subtracts q from the target's
+    distribution where a draft is rejected, so q never has to be spread over the whole vocabulary
+    (a [V] buffer per node and depth)."""
+    probs: torch.Tensor  # [S] float
+    ids: torch.Tensor  # [S] int64
+    token_prob: float
+
+    def __post_init__(self) -> None:
+        if self.probs.dim() != 1 or self.ids.shape != self.probs.shape:
+            raise ValueError(f"SubsetProposal needs probs [S] and ids [S], got {tuple(self.probs.shape)} and "
+                             f"{tuple(self.ids.shape)}")
+
+    def cpu(self) -> "SubsetProposal":
+        return SubsetProposal(self.probs.cpu(), self.ids.cpu(), self.token_prob)
+
+
+Proposal = torch.Tensor | SubsetProposal | None  # [V] q, q over a subset, or None: deterministic (a delta)
+
+
 @dataclass(slots=True)
 class TokenTree:
     tokens: list[int]  # [n] node tokens; tokens[0] = root = last committed token
     parents: list[int]  # [n] parent index; parents[0] == -1, parents[i] < i
-    draft_probs: list[torch.Tensor | None]  # [n] of [V] float proposal q, or None = deterministic (delta)
+    draft_probs: list[Proposal]  # [n] of proposal q: [V] float, a SubsetProposal, or None = deterministic (delta)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -58,11 +82,12 @@ class TokenTree:
             tree.add(i, token, None if draft_probs is None else draft_probs[i])
         return tree
 
-    def add(self, parent: int, token: int, q: torch.Tensor | None = None) -> int:
-        """Append a draft node under ``parent`` (q: [V] distribution it was sampled from); returns its index."""
+    def add(self, parent: int, token: int, q: Proposal = None) -> int:
+        """Append a draft node under ``parent`` (q: the distribution it was sampled from, [V] or a
+        SubsetProposal); returns its index."""
         if not 0 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} is not a node of this tree (size {len(self.tokens)})")
-        if q is not None and q.dim() != 1:
+        if isinstance(q, torch.Tensor) and q.dim() != 1:
             raise ValueError(f"draft distribution q must be a [V] vector, got shape {tuple(q.shape)}")
         self.tokens.append(int(token))
         self.parents.append(int(parent))

@@ -34,6 +34,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="with a tree width > 1: verify at most N draft nodes of each dynamic tree, the likeliest "
                         "(default: 10 for the default width, else W x K)")
+    p.add_argument("--sampled-siblings", type=int, default=None, metavar="S",
+                   help="EAGLE drafts with a tree width > 1: distinct draws at the first depth of an unseeded sampled "
+                        "request's chain, at most W (default: W on a GPU, 1 on the CPU, where each verified row costs "
+                        "~10%% of a decode step)")
     p.add_argument("--fixed-spec", action="store_true",
                    help="always draft the full K / tree (default: adapt each sequence's depth, 0..K, to measured "
                         "acceptance and draft/verify cost)")
@@ -133,7 +137,8 @@ def engine_config_from_args(args):
     spec = SpeculativeConfig.from_draft_arg(args.draft, args.spec_tokens, args.tree,
                                             adaptive=not getattr(args, "fixed_spec", False),
                                             tree_width=getattr(args, "tree_width", None),
-                                            tree_nodes=getattr(args, "tree_nodes", None))
+                                            tree_nodes=getattr(args, "tree_nodes", None),
+                                            sampled_siblings=getattr(args, "sampled_siblings", None))
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,

@@ -40,8 +40,11 @@ class SpeculativeConfig(BaseModel):
     ``tree_nodes`` caps that tree at fewer nodes (EAGLE-2's total-token budget): the width explores,
     the cap keeps the verify forward small. Unseeded sampled requests cannot take a dynamic tree
     (its candidates are not draws from q): they draft a chain with up to ``tree_width`` distinct
-    draws at its first depth, within the cap. Unset, an EAGLE draft without a fixed ``tree`` gets DEFAULT_TREE_WIDTH and
-    DEFAULT_TREE_NODES, every other method a chain (width 1)."""
+    draws at its first depth, within the cap; ``sampled_siblings`` sets how many, at most ``tree_width``
+    (None: ``tree_width`` on a GPU, where a verified row costs little, and 1 on the native CPU kernels,
+    where each costs ~10% of a decode step and a second draw added ~0.05 accepted tokens at T=1).
+    Unset, an EAGLE draft without a fixed ``tree`` gets DEFAULT_TREE_WIDTH and DEFAULT_TREE_NODES,
+    every other method a chain (width 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +60,7 @@ class SpeculativeConfig(BaseModel):
     ngram_max: int = Field(4, ge=1)
     tree_width: int | None = Field(None, ge=1, le=8)
     tree_nodes: int | None = Field(None, ge=1, le=64)
+    sampled_siblings: int | None = Field(None, ge=1, le=8)
     # Choose each sequence's depth per step (0..K) from measured draft/verify costs and acceptance
     # (actors/spec_policy.py); False = always the full K / tree. Requests with spec_tokens set keep it.
     adaptive: bool = True
@@ -86,6 +90,9 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"tree_width={self.tree_width} grows dynamic trees with an EAGLE head: use it with "
                              f"--draft default/eagle and without a fixed tree (got method {self.method!r}"
                              + (f", tree {self.tree}" if self.tree is not None else "") + ")")
+        if self.sampled_siblings is not None and self.sampled_siblings > self.tree_width:
+            raise ValueError(f"sampled_siblings={self.sampled_siblings}: at most the tree width ({self.tree_width}), "
+                             f"whose nodes the scheduler reserves")
         if self.tree_nodes is not None and self.tree_width == 1:
             raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with an EAGLE draft "
                              f"(--draft default/eagle) and a tree width > 1 (got method {self.method!r}, width 1)")
@@ -116,14 +123,14 @@ class SpeculativeConfig(BaseModel):
     @classmethod
     def from_draft_arg(cls, draft: str, num_spec_tokens: int = 5, tree=None,
                        adaptive: bool = True, tree_width: int | None = None,
-                       tree_nodes: int | None = None) -> "SpeculativeConfig":
+                       tree_nodes: int | None = None, sampled_siblings: int | None = None) -> "SpeculativeConfig":
         """Parse the CLI/API form: ``none``, ``ngram``, ``layerskip:N``, ``default`` (prompt lookup
         where the text repeats, the committed EAGLE head of the model elsewhere), ``eagle`` (that head
         alone), ``eagle:PATH`` (an EAGLE head file), ``default:PATH`` (prompt lookup, then that head
         file) or a draft model path/alias."""
         draft = (draft or "none").strip()
         kw = dict(num_spec_tokens=num_spec_tokens, tree=tree, adaptive=adaptive, tree_width=tree_width,
-                  tree_nodes=tree_nodes)
+                  tree_nodes=tree_nodes, sampled_siblings=sampled_siblings)
         if draft in ("none", "ngram"):
             return cls(method=draft, **kw)
         if draft in EAGLE_DRAFTS:

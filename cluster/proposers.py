@@ -64,7 +64,7 @@ def _build_method(spec: SpeculativeConfig, ctx: ProposerContext, draft_loaded=No
             raise ValueError(f"--draft default: the EAGLE head for {ctx.model!r} is not trained and "
                              f"committed yet ({committed} is missing); use --draft ngram, or train one with "
                              f"`python -m training.train --out DIR` and pass --draft eagle:DIR/head.safetensors")
-        return build_eagle_proposer(spec.eagle_head, ctx.model, ctx.verifier, spec.tree_width)
+        return build_eagle_proposer(spec.eagle_head, ctx.model, ctx.verifier, spec.tree_width, spec.sampled_siblings)
     raise ValueError(f"speculative method {spec.method!r} has no proposer")
 
 

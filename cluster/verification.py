@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from actors.logits_processing import process_logits
-from actors.sampling import (VerifyResult, greedy, logits_to_probs, sample_unseeded, verify_greedy, verify_keyed,
-                             verify_sampling)
+from actors.sampling import greedy, logits_to_probs, verify_greedy, verify_keyed, verify_sampling_logits
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
 from actors.tree import TokenTree
@@ -47,9 +46,7 @@ def verify_tree(seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list
     if seq.params.greedy:
         return verify_greedy(tree, argmax)
     p = seq.params
-    if p.seed is None and tree.size == 1:  # plain decoding: verify_sampling's one draw, from the logits
-        return VerifyResult([], [], sample_unseeded(rows[0], p, seq.generator), bonus=True)
-    probs = logits_to_probs(rows, p.temperature, p.top_k, p.top_p)
-    if p.seed is not None:  # drafter-invariant: the seed alone fixes the output
-        return verify_keyed(tree, probs, p.seed, root_position=seq.num_computed)
-    return verify_sampling(tree, probs, seq.generator)
+    if p.seed is None:  # multi-step speculative sampling, distributions formed only where the walk goes
+        return verify_sampling_logits(tree, rows, p, seq.generator)
+    probs = logits_to_probs(rows, p.temperature, p.top_k, p.top_p)  # drafter-invariant: the seed fixes the output
+    return verify_keyed(tree, probs, p.seed, root_position=seq.num_computed)

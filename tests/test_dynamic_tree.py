@@ -205,14 +205,20 @@ def test_seeded_sampling_gives_plain_decodings_tokens(tiny_target_dir, tiny_head
     assert max(t.num_draft_tokens for _, t in seen) > 3, "seeded requests should get trees"
 
 
-@pytest.mark.parametrize("tree_width, tree_nodes, siblings", [(3, None, 3), (3, 4, 2), (1, None, 1)])
-def test_unseeded_sampling_drafts_chains_with_distinct_first_siblings(tree_width, tree_nodes, siblings,
+@pytest.mark.parametrize("tree_width, tree_nodes, sampled, siblings",
+                         [(3, None, 3, 3), (3, 4, 3, 2), (1, None, None, 1), (3, None, 2, 2), (3, None, None, 1)])
+def test_unseeded_sampling_drafts_chains_with_distinct_first_siblings(tree_width, tree_nodes, sampled, siblings,
                                                                       tiny_target_dir, tiny_head, tiny_prompts):
     """Multi-step speculative sampling needs draws from q, not top-w trees: an unseeded sampled
-    request gets a chain whose first depth holds up to ``tree_width`` distinct draws (within the
-    node cap), each recorded with the q it was drawn from (q without the earlier siblings)."""
+    request gets a chain whose first depth holds up to ``sampled_siblings`` distinct draws (within
+    the node cap; unset on the CPU's native kernels: one), each recorded with the q it was drawn
+    from (q without the earlier siblings)."""
+    from kernels import cpu_native
+
+    if sampled is None and tree_width > 1 and not cpu_native.load():
+        pytest.skip("the CPU default (one draw) needs the native kernels")
     eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=tree_width, tree_nodes=tree_nodes,
-                      adaptive=False)
+                      sampled_siblings=sampled, adaptive=False)
     seen = _record_trees(eng.proposer)
     eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
     drafted = [(r, t) for r, t in seen if t.num_draft_tokens]
@@ -224,11 +230,15 @@ def test_unseeded_sampling_drafts_chains_with_distinct_first_siblings(tree_width
         assert 1 <= len(first) <= siblings and len({t.tokens[i] for i in first}) == len(first)
         assert all(t.parents[i] in (0, first[0]) or t.parents[i] > first[0] for i in range(1, t.size))
         assert t.num_draft_tokens - len(first) == t.max_depth - 1  # one chain below the first sibling
-        q = t.draft_probs[first[0]]
-        for k, node in enumerate(first[1:], start=1):
-            expected = q.clone()
-            expected[[t.tokens[i] for i in first[:k]]] = 0
-            assert torch.allclose(t.draft_probs[node], expected / expected.sum())
+        q = t.draft_probs[first[0]]  # over the head's draft vocabulary: q.probs [S] at token ids q.ids
+        for k, node in enumerate(first):
+            qk = t.draft_probs[node]
+            assert torch.equal(qk.ids, q.ids)
+            expected = q.probs.clone()
+            expected[torch.isin(q.ids, torch.tensor([t.tokens[i] for i in first[:k]], dtype=q.ids.dtype))] = 0
+            assert torch.allclose(qk.probs, expected / expected.sum())
+            # q at the node's own token, as verification reads it
+            assert qk.token_prob == pytest.approx(float(qk.probs[q.ids == t.tokens[node]].item())) and qk.token_prob > 0
     assert max(sum(1 for i in range(1, t.size) if t.parents[i] == 0) for _, t in drafted) == siblings
 
 
@@ -318,6 +328,23 @@ def test_tree_width_needs_an_eagle_head():
         SpeculativeConfig.from_draft_arg("default", 4, tree_width=1, tree_nodes=7)
     with pytest.raises(ValueError, match="tree_nodes"):
         SpeculativeConfig.from_draft_arg("default", 4, tree_width=3, tree_nodes=0)
+    # sampled siblings: at most the width whose nodes are reserved
+    assert SpeculativeConfig.from_draft_arg("default", 5, sampled_siblings=2).sampled_siblings == 2
+    with pytest.raises(ValueError, match="sampled_siblings=4: at most the tree width \\(3\\)"):
+        SpeculativeConfig.from_draft_arg("default", 5, sampled_siblings=4)
+    with pytest.raises(ValueError, match="sampled_siblings=2: at most the tree width \\(1\\)"):
+        SpeculativeConfig.from_draft_arg("ngram", 5, sampled_siblings=2)
+    with pytest.raises(ValueError, match="sampled_siblings"):
+        SpeculativeConfig.from_draft_arg("default", 5, sampled_siblings=0)
+
+
+def test_sampled_siblings_flag_reaches_the_engine_config():
+    from cluster.cli import build_parser, engine_config_from_args
+
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--draft", "default", "--sampled-siblings", "2"])
+    assert engine_config_from_args(args).speculative.sampled_siblings == 2
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--draft", "default"])
+    assert engine_config_from_args(args).speculative.sampled_siblings is None
 
 
 def test_draft_source_memo_holds_one_step_without_a_policy(tiny_target_dir, tiny_head, tiny_prompts):

@@ -12,12 +12,15 @@ from actors.sampling import (
     VerifyResult,
     _residual,
     greedy,
+    logits_to_probs,
     reference_speculative_sample,
     sample,
     verify_greedy,
     verify_sampling,
+    verify_sampling_logits,
 )
-from actors.tree import TokenTree
+from actors.sampling_params import SamplingParams
+from actors.tree import SubsetProposal, TokenTree
 from tests.toy_lm import (
     DRAFT_TOPK,
     P_FAIL,
@@ -33,7 +36,19 @@ from tests.toy_lm import (
     merged_sampled_children,
     merged_tree,
     sampled_tree,
+    subset_tree,
 )
+
+def from_logits(temperature: float = 1.0):
+    """verify_sampling_logits as a verifier of target probabilities: logits log(p) * T at temperature T
+    (fp32 rows, -inf where p is 0), so that softmax(logits / T) is p."""
+
+    def verify(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> VerifyResult:
+        logits = (target_probs.log() * temperature).float()
+        return verify_sampling_logits(tree, logits, SamplingParams(temperature=temperature), gen)
+
+    return verify
+
 
 LOSSLESS_CASES = {
     "chain_k3_sampled": (sampled_tree(1, 3), TARGET),
@@ -45,6 +60,10 @@ LOSSLESS_CASES = {
     "tree_merged_sampled_duplicates_kept": (merged_sampled_children(), TARGET),
     "distinct_siblings_width3": (distinct_tree(3, 3), TARGET),
     "distinct_siblings_width2_topk_draft_and_target": (distinct_tree(2, 3, DRAFT_TOPK), TARGET_TOPK),
+    "subset_proposals_width3": (subset_tree(3, 3), TARGET),
+    "from_logits_subset_width2": (subset_tree(2, 3), TARGET, from_logits()),
+    "from_logits_merged_t0.5": (merged_tree, TARGET, from_logits(0.5)),
+    "from_logits_deterministic_topk_target_t1.7": (deterministic_tree(2, 3), TARGET_TOPK, from_logits(1.7)),
 }
 
 
@@ -122,6 +141,50 @@ def test_verify_sampling_equals_reference_on_chains(deterministic):
         q = None if deterministic else torch.stack(tree.draft_probs[1:])
         expected = reference_speculative_sample(tree.tokens[1:], q, target, torch.Generator().manual_seed(seed))
         assert verify_sampling(tree, target, torch.Generator().manual_seed(seed)).output_tokens == expected
+
+
+def _dense(tree: TokenTree) -> TokenTree:
+    """``tree`` with every SubsetProposal spread over the V tokens (0 outside its ids)."""
+    def spread(q):
+        return torch.zeros(V, dtype=q.probs.dtype).index_copy_(0, q.ids, q.probs) if isinstance(q, SubsetProposal) else q
+    return TokenTree(list(tree.tokens), list(tree.parents), [spread(q) for q in tree.draft_probs])
+
+
+def test_subset_proposals_verify_as_their_dense_q():
+    """A SubsetProposal is q over part of the vocabulary: verification gives the very tokens it
+    gives for the same q spread over all V tokens, draw for draw."""
+    rng, walked = random.Random(7), 0
+    for seed in range(400):
+        pos, root = rng.randrange(4), rng.randrange(V)
+        tree = subset_tree(3, 3)(pos, root, rng)
+        target = TARGET.rows(tree, pos)
+        got = verify_sampling(tree, target, torch.Generator().manual_seed(seed))
+        assert got == verify_sampling(_dense(tree), target, torch.Generator().manual_seed(seed))
+        walked += len(got.accepted_nodes)
+    assert walked > 100  # both accepted and rejected drafts were seen
+
+
+def test_verify_from_logits_follows_the_probabilities_walk():
+    """verify_sampling_logits makes the same draws as verify_sampling over logits_to_probs: the same
+    accepted nodes for every seed, and (its last draw inverting the same CDF natively) the same
+    next token but where a uniform lands within rounding of a CDF step."""
+    rng, same = random.Random(3), 0
+    params = SamplingParams(temperature=0.8)
+    for seed in range(400):
+        pos, root = rng.randrange(4), rng.randrange(V)
+        tree = merged_tree(pos, root, rng)
+        logits = (TARGET.rows(tree, pos).log() * 0.8).float()
+        a = verify_sampling_logits(tree, logits, params, torch.Generator().manual_seed(seed))
+        b = verify_sampling(tree, logits_to_probs(logits, 0.8), torch.Generator().manual_seed(seed))
+        assert a.accepted_nodes == b.accepted_nodes and a.bonus == b.bonus
+        same += a.next_token == b.next_token
+    assert same >= 396, same
+
+
+def test_verify_from_logits_names_a_wrong_shape():
+    tree = TokenTree.chain(0, [1, 2])
+    with pytest.raises(ValueError, match=r"logits must be \[3, V\] for this tree, got \(2, 6\)"):
+        verify_sampling_logits(tree, torch.zeros(2, V), SamplingParams(temperature=1.0))
 
 
 def test_same_seed_reproduces_and_different_seed_differs():

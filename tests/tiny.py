@@ -40,7 +40,8 @@ def _load(model_dir: str, device: str = "cpu"):
 
 def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = None, k: int = 4,
                 tree=None, adaptive: bool = False, spec_policy=None, lookup_first: bool = False, tree_width: int = 1,
-                tree_nodes: int | None = None, fresh_model: bool = False, **cfg):
+                tree_nodes: int | None = None, sampled_siblings: int | None = None, fresh_model: bool = False,
+                **cfg):
     """An LLMEngine on a tiny model; ``draft='draft'`` uses ``draft_dir`` as the draft model.
     Speculation drafts the full K / tree every step unless ``adaptive`` (so tests exercise it).
     The target is loaded once per session and shared, unless ``fresh_model`` (an engine that
@@ -53,7 +54,7 @@ def tiny_engine(model_dir: Path, draft: str = "none", draft_dir: Path | None = N
                                  adaptive=adaptive)
     else:
         spec = SpeculativeConfig.from_draft_arg(draft, k, tree, adaptive=adaptive, tree_width=tree_width,
-                                                tree_nodes=tree_nodes)
+                                                tree_nodes=tree_nodes, sampled_siblings=sampled_siblings)
         spec = spec.model_copy(update={"lookup_first": lookup_first or spec.lookup_first})
     cfg.setdefault("block_size", 4)
     cfg.setdefault("num_kv_blocks", 256)

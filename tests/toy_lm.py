@@ -14,7 +14,7 @@ import torch
 from scipy.stats import chisquare
 
 from actors.sampling import logits_to_probs, sample_distinct
-from actors.tree import TokenTree, merge_trees
+from actors.tree import SubsetProposal, TokenTree, merge_trees
 
 #
 # A tiny fixed "language model": the next-token distribution is a seeded random table over
@@ -101,6 +101,30 @@ def distinct_tree(width: int, depth: int, draft: ToyLM = SHARP_DRAFT, renormalis
         picks, proposals = sample_distinct(q, width, torch.Generator().manual_seed(rng.getrandbits(63)))
         kids = [tree.add(0, int(t), r if renormalise else q) for t, r in zip(picks, proposals)]
         _grow_sampled(tree, kids[0], pos + 1, depth - 1, draft, rng)
+        return tree
+
+    return propose
+
+
+SUBSET = torch.tensor([4, 1, 3, 0])  # a draft vocabulary: part of the V tokens, in its own order
+
+
+def subset_tree(width: int, depth: int, draft: ToyLM = SHARP_DRAFT, ids: torch.Tensor = SUBSET) -> Callable:
+    """``distinct_tree`` from a draft whose q lives on the tokens ``ids`` only (an EAGLE head's
+    draft vocabulary), each sibling recorded as a SubsetProposal (q over ``ids``, never spread over
+    the V tokens), the first continued by a chain of single draws recorded the same way."""
+
+    def propose(pos: int, root: int, rng: random.Random) -> TokenTree:
+        tree, node = TokenTree.root(root), 0
+        for d in range(depth):
+            q = draft.dist(pos + d, tree.tokens[node])[ids]
+            q = q / q.sum()
+            if d == 0:
+                rows, proposals = sample_distinct(q, width, torch.Generator().manual_seed(rng.getrandbits(63)))
+            else:  # one draw
+                rows, proposals = [min(bisect.bisect_right(q.cumsum(0).tolist(), rng.random()), len(ids) - 1)], [q]
+            kids = [tree.add(node, int(ids[r]), SubsetProposal(pr, ids, float(pr[r]))) for r, pr in zip(rows, proposals)]
+            node = kids[0]
         return tree
 
     return propose

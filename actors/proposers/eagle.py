@@ -29,8 +29,8 @@ from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
 from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, scored_rows
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, race_top_among, sample_distinct
-from actors.tree import TokenTree
+from actors.sampling import logits_to_probs, race_top_among, sample, sample_distinct
+from actors.tree import SubsetProposal, TokenTree
 from actors.verifier import SeqChunk, build_forward_batch
 
 
@@ -62,13 +62,17 @@ class EagleProposer(Proposer):
     name = "eagle"
     needs_hidden = True  # the engine must call observe() with the target's features
 
-    def __init__(self, head: EagleHead, tree_width: int = 1):
+    def __init__(self, head: EagleHead, tree_width: int = 1, sampled_siblings: int | None = None):
         """tree_width > 1: greedy and seeded requests get a dynamic tree (actors/proposers/dynamic_tree.py)
         keeping that many candidates per depth, of at most the request's max_nodes nodes (the
-        engine's W x depth, or its tree_nodes cap)."""
+        engine's W x depth, or its tree_nodes cap); unseeded sampled ones ``sampled_siblings`` distinct
+        draws at their chain's first depth (None: tree_width)."""
         if tree_width < 1:
             raise ValueError(f"tree_width={tree_width}: must be at least 1")
-        self.head, self.tree_width = head, tree_width
+        siblings = tree_width if sampled_siblings is None else sampled_siblings
+        if not 1 <= siblings <= tree_width:
+            raise ValueError(f"sampled_siblings={sampled_siblings}: must be between 1 and tree_width ({tree_width})")
+        self.head, self.tree_width, self.siblings = head, tree_width, siblings
         c = head.cfg
         self.dtype, self.device = head.fc.weight.dtype, head.fc.weight.device
         self.states: dict[int, _SeqState] = {}
@@ -203,9 +207,14 @@ class EagleProposer(Proposer):
             elif r.params.seed is None:  # draws from q, siblings distinct: multi-step speculative sampling
                 p = r.params
                 q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
-                rows, proposals = sample_distinct(q_small, width, r.generator)
+                if width == 1:  # one draw: q's CDF at one uniform
+                    rows, proposals = [sample(q_small, r.generator)], q_small[None]
+                else:
+                    rows, proposals = sample_distinct(q_small, width, r.generator)
+                    rows = rows.tolist()
                 picks = vocab[rows].tolist()
-                nodes = [tree.add(tips[j], t, q) for t, q in zip(picks, self._whole_vocab(proposals))]
+                nodes = [tree.add(tips[j], t, SubsetProposal(q, vocab, float(q[row])))
+                         for t, q, row in zip(picks, proposals, rows)]
             else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
                 p = r.params  # (keyed verification reads no q, so none is stored)
                 q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
@@ -216,12 +225,6 @@ class EagleProposer(Proposer):
             tips[j] = nodes[0]
             nxt.append(picks[0])
         return nxt
-
-    def _whole_vocab(self, q_small: torch.Tensor) -> torch.Tensor:
-        """q_small [..., Vd] over the draft vocabulary -> [..., V] over the target's (0 outside the
-        draft vocabulary), all rows in one copy."""
-        whole = q_small.new_zeros(*q_small.shape[:-1], self.head.cfg.target_vocab_size)
-        return whole.index_copy_(-1, self.head.draft_vocab, q_small)
 
     # ---- dynamic trees ---------------------------------------------------------------------------
     def grows_tree(self, r: DraftRequest) -> bool:
@@ -235,8 +238,8 @@ class EagleProposer(Proposer):
 
     def sampled_siblings(self, source: str | None) -> int:
         """Unseeded sampled requests cannot take a dynamic tree (its top-w picks are not draws
-        from q); their chain gets tree_width distinct draws at the first depth instead."""
-        return self.tree_width if source == self.name else 1
+        from q); their chain gets distinct draws at the first depth instead."""
+        return self.siblings if source == self.name else 1
 
     def _grow_trees(self, reqs: list[DraftRequest], feats: torch.Tensor, scores: HeadScores,
                     idx: list[int]) -> list[TokenTree]:
@@ -306,9 +309,11 @@ class EagleProposer(Proposer):
                            windows=windows)
 
 
-def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1) -> EagleProposer:
+def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width: int = 1,
+                         sampled_siblings: int | None = None) -> EagleProposer:
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
-    ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features."""
+    ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features.
+    sampled_siblings None: tree_width, but 1 on the native CPU kernels (SpeculativeConfig)."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
     from actors.model.attention_backends import backend_runs, uses_native
     from actors.verifier import Verifier
@@ -338,7 +343,9 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
         head.store_matrices("Q8_0")
         head.norm, head.act = cpu_native.rmsnorm, cpu_native.silu_and_mul
         head.native_layer = True
-    proposer = EagleProposer(head, tree_width)
+    if sampled_siblings is None and native:  # a verified row costs ~10% of a decode step: one draw
+        sampled_siblings = 1
+    proposer = EagleProposer(head, tree_width, sampled_siblings)
     attn = next((m for m in target.modules() if hasattr(m, "rope_write_kv")), None)
     if attn is not None and backend_runs(attn.attend, proposer.dtype):
         # the head runs the target's attention backend (and its fused RoPE + KV write)

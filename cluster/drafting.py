@@ -36,13 +36,19 @@ from cluster.traffic import match
 log = logging.getLogger("specray.engine")
 
 
-def steady_draft_s(draft_s: float, catch_up_s: float, depth: int) -> float:
+def steady_draft_s(draft_s: float, catch_up_s: float, depth: int, steady: bool = False) -> float:
     """What a draft of ``depth`` rounds that took ``draft_s`` seconds, ``catch_up_s`` of them feeding the
-    proposer the positions committed since it last drafted, costs a sequence that drafts every step:
-    the catch-up counted as at most one round. A longer catch-up (the prompt, or a backlog from steps
-    that did not draft) is paid once, not by every later draft. Charged in full it made the EAGLE
-    head look ~4x dearer per round than it is (a 32-step backlog at each exploration), so the policy
-    stopped drafting with it and measured it again only with such backlogs."""
+    proposer the positions committed since it last drafted, costs a sequence that drafts every step.
+    ``steady``: the catch-up fed only what one step commits (the root and the accepted drafts):
+    a sequence drafting every step pays it every step (an EAGLE head's catch-up is the forward that
+    scores the first depth), so it is charged in full. Otherwise the catch-up is counted as at most
+    one round: a longer one (the prompt, or a backlog from steps that did not draft) is paid once,
+    not by every later draft. Charged in full it made the EAGLE head look ~4x dearer per round than
+    it is (a 32-step backlog at each exploration), so the policy stopped drafting with it and
+    measured it again only with such backlogs; capped at a round always, a depth-1 draft, all
+    catch-up, looked free (0.3 ms charged for ~1 ms at T=1.0 on the CPU)."""
+    if steady:
+        return draft_s
     catch_up = min(max(catch_up_s, 0.0), draft_s)
     rounds = draft_s - catch_up
     return rounds + min(catch_up, rounds / max(depth, 1))
@@ -184,8 +190,9 @@ class DraftPlanner:
         if all(s.is_decode for s in part):
             self.policy.observe_verify(sum(len(c.token_ids) for c in chunks), verify_s, len(chunks))
         if num_trees and draft_s is not None:
-            self.policy.observe_draft(num_trees, max_depth, steady_draft_s(draft_s, self.proposer.catch_up_s, max_depth),
-                                      drafted)
+            steady = self.proposer.catch_up_entries <= num_trees * (self.max_depth + 1)
+            self.policy.observe_draft(num_trees, max_depth,
+                                      steady_draft_s(draft_s, self.proposer.catch_up_s, max_depth, steady), drafted)
 
     def observe_features(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],
                          computed: dict[int, int], hidden: torch.Tensor) -> None:

@@ -18,6 +18,13 @@ def test_a_long_catch_up_counts_as_one_round_of_the_draft():
     assert steady_draft_s(0.010, 0.020, 2) == pytest.approx(0.0)  # a clock that ran backwards caps at draft_s
 
 
+def test_a_steady_catch_up_is_charged_in_full():
+    """A sequence drafting every step catches up on one step's commits each time: that is the head's
+    forward for the first depth, paid every step (a depth-1 draft is nothing else)."""
+    assert steady_draft_s(0.010, 0.010, 1, steady=True) == pytest.approx(0.010)
+    assert steady_draft_s(0.060, 0.056, 4, steady=True) == pytest.approx(0.060)
+
+
 @pytest.mark.parametrize("lookup_first", [False, True])
 def test_the_heads_backlog_is_not_charged_to_its_draft_rounds(lookup_first, tiny_target_dir, tiny_prompts, tmp_path):
     """An engine whose EAGLE head catches up slowly on long backlogs (a sleep stands in for the work):
@@ -56,3 +63,37 @@ def test_the_heads_backlog_is_not_charged_to_its_draft_rounds(lookup_first, tiny
     eng.generate(tiny_prompts[:3], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=1)
     assert max(backlogs) > 8 and min(backlogs) <= 8, backlogs  # prompts and steady steps both caught up
     assert len(learned) >= 10 and max(learned) < 0.05, learned
+
+
+def test_a_depth_one_draft_pays_its_steady_catch_up(tiny_target_dir, tiny_prompts, tmp_path):
+    """K=1 EAGLE drafts, every step: each catch-up feeds only the previous step's commits and is the
+    whole draft; the policy learns what it costs (a sleep stands in for the work), not ~0."""
+    import time
+
+    from actors.model.loader import load_model
+    from actors.sampling_params import SamplingParams
+    from tests.tiny import TINY_MAX_TOKENS, random_eagle_head, tiny_engine
+
+    model = load_model(tiny_target_dir).model
+    path = random_eagle_head(model, 128, tmp_path / "tiny.safetensors", seed=1)
+    policy = SpecPolicy(max_depth=1, explore_every=1)  # every step explores: drafts at depth 1 each step
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{path}", k=1, adaptive=True, spec_policy=policy)
+    head, learned, steady = eng.proposer, [], []
+    catch_up = head._catch_up
+
+    def slow(reqs):
+        n = sum(head.states[r.seq_id].num_pending for r in reqs)
+        steady.append(n <= 2)
+        time.sleep(0.02)
+        return catch_up(reqs)
+
+    observe = policy.observe_draft
+
+    def recording(num_seqs, depth, seconds, sources=frozenset()):
+        learned.append((steady[-1], seconds / depth))
+        return observe(num_seqs, depth, seconds, sources)
+
+    head._catch_up, policy.observe_draft = slow, recording
+    eng.generate(tiny_prompts[:2], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=1)
+    charged = [s for st, s in learned if st]
+    assert len(charged) >= 5 and min(charged) >= 0.02, learned

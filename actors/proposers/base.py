@@ -76,6 +76,7 @@ class Proposer(ABC):
     # drafted (a feature-reading head's catch-up); the adaptive policy must not charge a long backlog
     # (a prompt, or steps that did not draft) to every later draft (cluster/drafting.py)
     catch_up_s: float = 0.0
+    catch_up_entries: int = 0  # the positions that catch-up fed (a sequence drafting every step: <= K + 1)
 
     @abstractmethod
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:

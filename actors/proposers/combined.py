@@ -23,6 +23,7 @@ class MergedProposer(Proposer):
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         per = [p.propose(reqs) for p in self.proposers]
         self.catch_up_s = sum(p.catch_up_s for p in self.proposers)
+        self.catch_up_entries = sum(p.catch_up_entries for p in self.proposers)
         return [truncate_tree(merge_trees([t[i] for t in per]), r.max_nodes) for i, r in enumerate(reqs)]
 
     def release(self, seq_id: int) -> None:
@@ -63,11 +64,12 @@ class FallbackProposer(Proposer):
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         trees = self.first.propose(reqs)
         rest = [i for i, t in enumerate(trees) if t.num_draft_tokens == 0]
-        self.catch_up_s = self.first.catch_up_s
+        self.catch_up_s, self.catch_up_entries = self.first.catch_up_s, self.first.catch_up_entries
         if rest:
             for i, tree in zip(rest, self.second.propose([reqs[i] for i in rest])):
                 trees[i] = tree
             self.catch_up_s += self.second.catch_up_s
+            self.catch_up_entries += self.second.catch_up_entries
         self.num_first += len(reqs) - len(rest)
         self.num_second += len(rest)
         return trees

@@ -111,11 +111,12 @@ class EagleProposer(Proposer):
     def propose(self, reqs: list[DraftRequest]) -> list[TokenTree]:
         trees = [TokenTree.root(r.token_ids[-1]) for r in reqs]
         live = [i for i, r in enumerate(reqs) if self._ready(r)]
-        self.catch_up_s = 0.0
+        self.catch_up_s, self.catch_up_entries = 0.0, 0
         if not live:
             return trees
         # the top-k each step's scores keep: the widest any depth takes
         self.top_k = max([self.tree_width] + [max(reqs[i].expansion) for i in live])
+        self.catch_up_entries = sum(self.states[reqs[i].seq_id].num_pending for i in live)
         t0 = perf_counter()
         feats, scores, idx = self._catch_up([reqs[i] for i in live])  # f̂ [B, H] after the last committed entry
         self.catch_up_s = perf_counter() - t0

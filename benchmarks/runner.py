@@ -101,7 +101,11 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
     backend, server_methods = _backend(args)
     methods = server_methods or methods
-    groups = plan_groups(methods, spec_tokens, tree, adaptive, tree_widths, tree_nodes)
+    from cluster.config import default_tree_width
+    from cluster.runtime import resolve_device_dtype
+
+    width = default_tree_width(resolve_device_dtype(args.device, "auto")[0].type)  # the engine's, on its device
+    groups = plan_groups(methods, spec_tokens, tree, adaptive, tree_widths, tree_nodes, width)
     from benchmarks.report import document, markdown
 
     settings = {"backend": args.url or "in-process", "max_tokens": args.max_tokens or "per prompt",

@@ -49,14 +49,15 @@ def grows_trees(method: str) -> bool:
 
 def plan_groups(methods: list[str], spec_tokens: list[int], tree: str | None = None,
                 adaptive: bool = False, tree_widths: tuple[int, ...] | None = None,
-                tree_nodes: tuple[int | None, ...] | None = None) -> list[Group]:
+                tree_nodes: tuple[int | None, ...] | None = None, default_width: int | None = None) -> list[Group]:
     """adaptive: one more variant per method, the engine's adaptive depth up to max(spec_tokens);
     tree_widths: for EAGLE methods, one group per width (1 = chains; None: the engine's default
     width); tree_nodes: for widths > 1, one group per cap on a tree's draft nodes (None: the
-    engine's default cap with the default width, else width x K)."""
+    engine's default cap with the default width, else width x K); default_width: the engine's
+    default width on the device the runs use (``cluster.config.default_tree_width``; None: a GPU's)."""
     from cluster.config import DEFAULT_TREE_NODES, DEFAULT_TREE_WIDTH
 
-    widths = (DEFAULT_TREE_WIDTH,) if tree_widths is None else tree_widths
+    widths = (default_width or DEFAULT_TREE_WIDTH,) if tree_widths is None else tree_widths
     caps = tree_nodes or ((DEFAULT_TREE_NODES,) if tree_widths is None else (None,))
     groups = [Group(BASELINE, (Variant(),))]
     for m in methods:

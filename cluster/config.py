@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from actors.kv_swap import PREEMPTION_MODES
 from actors.tree import expansion_num_nodes, parse_expansion
@@ -13,8 +13,17 @@ from cluster.traffic import TrafficClasses
 DEFAULT_MODEL = "smollm2-135m"
 # EAGLE drafts grow a dynamic tree of this width, capped at this many nodes, unless told otherwise:
 # on the 2-core CPU as fast as a chain at concurrency 1 and 8-15% faster at 16-64
-# (benchmarks/ARCHIVE.md, eleventh session)
+# (benchmarks/ARCHIVE.md, eleventh session, when a verified row cost next to nothing)
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
+# ... and on the CPU since its products became compute-bound (each verified row ~10% of a decode
+# step): width 2 (still 10 nodes at K=5) was 5-7% faster than 3 at c=1 in every round, on held-out
+# and bench500 prompts (BENCHMARKS.md, "Drafts shaped for the CPU's cost of a row", 2026-11-29)
+CPU_TREE_WIDTH = 2
+
+
+def default_tree_width(device_type: str) -> int:
+    """The dynamic trees' width an EAGLE draft gets on ``device_type`` unless told otherwise."""
+    return CPU_TREE_WIDTH if device_type == "cpu" else DEFAULT_TREE_WIDTH
 
 
 # --draft names of the committed head (default: prompt lookup first; default-chain: the same with
@@ -41,10 +50,11 @@ class SpeculativeConfig(BaseModel):
     the cap keeps the verify forward small. Unseeded sampled requests cannot take a dynamic tree
     (its candidates are not draws from q): they draft a chain with up to ``tree_width`` distinct
     draws at its first depth, within the cap; ``sampled_siblings`` sets how many, at most ``tree_width``
-    (None: ``tree_width`` on a GPU, where a verified row costs little, and 1 on the native CPU kernels,
-    where each costs ~10% of a decode step and a second draw added ~0.05 accepted tokens at T=1).
-    Unset, an EAGLE draft without a fixed ``tree`` gets DEFAULT_TREE_WIDTH and DEFAULT_TREE_NODES,
-    every other method a chain (width 1)."""
+    (None: ``tree_width`` on a GPU, where a verified row costs little, and 1 on the CPU, where each
+    costs ~10% of a decode step and a second draw added ~0.05 accepted tokens at T=1). Unset, an
+    EAGLE draft without a fixed ``tree`` gets DEFAULT_TREE_WIDTH (CPU_TREE_WIDTH on the CPU: see
+    ``for_device``, which the engine applies) and DEFAULT_TREE_NODES, every other method a chain
+    (width 1)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -69,6 +79,7 @@ class SpeculativeConfig(BaseModel):
     traffic_classes: TrafficClasses = Field(default_factory=list)
     # Speculation off for a cool-down while its measured gain stays below 1.0 (cluster/spec_guard.py).
     fallback_guard: FallbackGuardConfig = Field(default_factory=FallbackGuardConfig)
+    _default_width: bool = PrivateAttr(False)  # tree_width was left to the default: for_device may set it
 
     @field_validator("tree", mode="before")
     @classmethod
@@ -80,6 +91,7 @@ class SpeculativeConfig(BaseModel):
         if self.tree_width is None:  # the method's default shape
             dynamic = self.method == "eagle" and self.tree is None
             self.tree_width = DEFAULT_TREE_WIDTH if dynamic else 1
+            self._default_width = dynamic
             if dynamic and self.tree_nodes is None:
                 self.tree_nodes = DEFAULT_TREE_NODES
         if self.method == "layerskip" and self.layerskip_layers is None:
@@ -97,6 +109,19 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with an EAGLE draft "
                              f"(--draft default/eagle) and a tree width > 1 (got method {self.method!r}, width 1)")
         return self
+
+    def for_device(self, device_type: str) -> "SpeculativeConfig":
+        """This configuration with the draft shape left unset chosen for the device the engine runs
+        on: on the CPU, where each verified row costs ~10% of a decode step, dynamic trees of
+        CPU_TREE_WIDTH and one sampled draw at a chain's first depth; elsewhere DEFAULT_TREE_WIDTH
+        and tree_width draws. Values set explicitly are kept."""
+        cpu = device_type == "cpu"
+        siblings = self.sampled_siblings if self.sampled_siblings is not None else (None if cpu else 0)
+        width = max(default_tree_width(device_type), siblings or 1) if self._default_width else self.tree_width
+        siblings = siblings or (1 if cpu else width)
+        if (width, siblings) == (self.tree_width, self.sampled_siblings):
+            return self
+        return self.model_copy(update={"tree_width": width, "sampled_siblings": siblings})
 
     @property
     def enabled(self) -> bool:

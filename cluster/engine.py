@@ -63,7 +63,7 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.prompts = PromptEncoder(loaded.tokenizer)
-        spec = config.speculative
+        spec = config.speculative.for_device(self.device.type)  # the draft shape left unset, for this device
         kv_dtype = kv_cache_dtype_for(config, self.dtype, loaded.model, verifier)
         num_blocks, self.max_model_len = kv_blocks_for(config, loaded.config, kv_dtype, spec.max_nodes)
         num_host, disk = kv_tiers_for(config, loaded.config, kv_dtype, verifier is not None, kv is not None)

@@ -48,10 +48,10 @@ def build_proposer_for(config: EngineConfig, verifier, meta, opts):
     alone needs one worker. layerskip always runs beside the verifier (it shares the target's
     weights and KV cache). A drafter that fails to load is an error naming it, or plain decoding
     with ``allow_no_spec``."""
-    spec = config.speculative
+    device, dtype = resolve_device_dtype(config.device, config.dtype)
+    spec = config.speculative.for_device(device.type)
     if not spec.enabled:
         return None
-    device, dtype = resolve_device_dtype(config.device, config.dtype)
     ctx = ProposerContext(config.model, verifier, meta.tokenizer, device, dtype, config.block_size,
                           config.attention_backend, config.enforce_eager)
     try:

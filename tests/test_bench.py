@@ -190,6 +190,8 @@ def test_tree_widths_make_one_group_per_width_for_eagle_methods_only():
     assert [[v.label for v in g.variants] for g in plan_groups(["ngram", "eagle"], [5])] == [
         ["-"], ["K=5"], ["K=5 w3 n10"]]
     assert [v.label for v in plan_groups(["default"], [5], tree_nodes=(6,))[1].variants] == ["K=5 w3 n6"]
+    # the engine's default on the CPU (cluster.config.default_tree_width), which the bench's runs use there
+    assert [v.label for v in plan_groups(["default"], [5], default_width=2)[1].variants] == ["K=5 w2 n10"]
     capped = plan_groups(["ngram", "default"], [6], tree_widths=(1, 3), tree_nodes=(8, 10))
     assert [(g.method, [(v.label, v.tree_nodes) for v in g.variants]) for g in capped] == [
         ("none", [("-", None)]), ("ngram", [("K=6", None)]), ("default", [("K=6", None)]),

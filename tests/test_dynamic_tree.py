@@ -338,6 +338,30 @@ def test_tree_width_needs_an_eagle_head():
         SpeculativeConfig.from_draft_arg("default", 5, sampled_siblings=0)
 
 
+def test_the_draft_shape_left_unset_is_chosen_for_the_device():
+    """On the CPU a verified row costs ~10% of a decode step: width-2 trees and one sampled draw; on a
+    GPU width 3 and three. What a user sets stays."""
+    from cluster.config import SpeculativeConfig
+
+    def shape(device, **kw):
+        s = SpeculativeConfig.from_draft_arg("default", 5, **kw).for_device(device)
+        return s.tree_width, s.tree_nodes, s.sampled_siblings
+
+    assert shape("cpu") == (2, 10, 1) and shape("cuda") == (3, 10, 3)
+    assert shape("cpu", tree_width=3) == (3, None, 1) and shape("cuda", tree_width=2) == (2, None, 2)
+    assert shape("cpu", sampled_siblings=3) == (3, 10, 3)  # three draws need a width of three
+    assert shape("cpu", tree_width=1) == (1, None, 1)
+    ngram = SpeculativeConfig.from_draft_arg("ngram", 5).for_device("cpu")
+    assert (ngram.tree_width, ngram.sampled_siblings) == (1, 1)
+
+
+def test_a_cpu_engine_drafts_the_cpu_shape(tiny_target_dir, tiny_head):
+    eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=None)  # the shape left unset
+    assert (eng.drafting.spec.tree_width, eng.drafting.spec.sampled_siblings) == (2, 1)
+    assert (eng.proposer.tree_width, eng.proposer.siblings) == (2, 1)
+    assert eng.config.speculative.tree_width == 3  # the configuration as given, resolved for the engine only
+
+
 def test_sampled_siblings_flag_reaches_the_engine_config():
     from cluster.cli import build_parser, engine_config_from_args
 

@@ -314,7 +314,7 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
                          sampled_siblings: int | None = None) -> EagleProposer:
     """The proposer for ``--draft default`` (head_path None: the head committed for ``model``) or
     ``--draft eagle:PATH``. Needs the in-process verifier: the head reads the target's features.
-    sampled_siblings None: tree_width, but 1 on the native CPU kernels (SpeculativeConfig)."""
+    sampled_siblings None: tree_width (SpeculativeConfig.for_device sets it for the device)."""
     from actors.eagle.head import DEFAULT_HEADS, load_head
     from actors.model.attention_backends import backend_runs, uses_native
     from actors.verifier import Verifier
@@ -344,8 +344,6 @@ def build_eagle_proposer(head_path: str | None, model: str, verifier, tree_width
         head.store_matrices("Q8_0")
         head.norm, head.act = cpu_native.rmsnorm, cpu_native.silu_and_mul
         head.native_layer = True
-    if sampled_siblings is None and native:  # a verified row costs ~10% of a decode step: one draw
-        sampled_siblings = 1
     proposer = EagleProposer(head, tree_width, sampled_siblings)
     attn = next((m for m in target.modules() if hasattr(m, "rope_write_kv")), None)
     if attn is not None and backend_runs(attn.attend, proposer.dtype):

@@ -6,7 +6,7 @@ distribution for depth 1). Nodes 1.. are **draft tokens**. Nodes are topological
 window mask scores every node, and verification walks the tree in index order.
 
 Each draft node records the proposal it came from (``draft_probs``): the distribution q it was
-*sampled* from ([V], or ``actors.sampling.SubsetProposal``: q over part of the vocabulary, as an
+*sampled* from ([V], or a ``SubsetProposal``: q over part of the vocabulary, as an
 EAGLE head's draft vocabulary), or ``None`` for a deterministic proposal (top-k expansion, n-gram lookup, greedy
 draft), which verification treats as a delta at the node's token. Multi-step speculative sampling
 (``actors.sampling.verify_sampling``) is lossless only if every sampled node is an independent draw

@@ -146,7 +146,9 @@ def test_verify_sampling_equals_reference_on_chains(deterministic):
 def _dense(tree: TokenTree) -> TokenTree:
     """``tree`` with every SubsetProposal spread over the V tokens (0 outside its ids)."""
     def spread(q):
-        return torch.zeros(V, dtype=q.probs.dtype).index_copy_(0, q.ids, q.probs) if isinstance(q, SubsetProposal) else q
+        if not isinstance(q, SubsetProposal):
+            return q
+        return torch.zeros(V, dtype=q.probs.dtype).index_copy_(0, q.ids, q.probs)
     return TokenTree(list(tree.tokens), list(tree.parents), [spread(q) for q in tree.draft_probs])
 
 

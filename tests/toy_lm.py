@@ -123,7 +123,8 @@ def subset_tree(width: int, depth: int, draft: ToyLM = SHARP_DRAFT, ids: torch.T
                 rows, proposals = sample_distinct(q, width, torch.Generator().manual_seed(rng.getrandbits(63)))
             else:  # one draw
                 rows, proposals = [min(bisect.bisect_right(q.cumsum(0).tolist(), rng.random()), len(ids) - 1)], [q]
-            kids = [tree.add(node, int(ids[r]), SubsetProposal(pr, ids, float(pr[r]))) for r, pr in zip(rows, proposals)]
+            kids = [tree.add(node, int(ids[r]), SubsetProposal(pr, ids, float(pr[r])))
+                    for r, pr in zip(rows, proposals)]
             node = kids[0]
         return tree
 

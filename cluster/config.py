@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_serializer, model_validator
 
 from actors.kv_swap import PREEMPTION_MODES
 from actors.tree import expansion_num_nodes, parse_expansion
@@ -109,6 +109,16 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"tree_nodes={self.tree_nodes} caps a dynamic tree's nodes: use it with an EAGLE draft "
                              f"(--draft default/eagle) and a tree width > 1 (got method {self.method!r}, width 1)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """A width left to the default is written as unset, so that a configuration that travels as a
+        dict or JSON (Serve hands its replicas the app's args that way) still gets the device's
+        default where it is rebuilt."""
+        out = handler(self)
+        if self._default_width and isinstance(out, dict):
+            out["tree_width"] = None
+        return out
 
     def for_device(self, device_type: str) -> "SpeculativeConfig":
         """This configuration with the draft shape left unset chosen for the device the engine runs

@@ -5,6 +5,7 @@ is scored by what the head predicts after its own path; output stays the target'
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -353,6 +354,20 @@ def test_the_draft_shape_left_unset_is_chosen_for_the_device():
     assert shape("cpu", tree_width=1) == (1, None, 1)
     ngram = SpeculativeConfig.from_draft_arg("ngram", 5).for_device("cpu")
     assert (ngram.tree_width, ngram.sampled_siblings) == (1, 1)
+
+
+def test_a_default_width_survives_the_trip_to_a_serve_replica():
+    """Serve hands each replica the app's args as JSON: a width left to the default must still be
+    the device's default where the engine is rebuilt (and a width set stays set)."""
+    from cluster.config import EngineConfig, SpeculativeConfig
+    from deployments.serve_config import ServeArgs
+
+    for kw, cpu_width in (({}, 2), ({"tree_width": 3}, 3)):
+        args = ServeArgs(engine=EngineConfig(speculative=SpeculativeConfig.from_draft_arg("default", 5, **kw)))
+        again = ServeArgs.model_validate(json.loads(json.dumps(args.model_dump(mode="json"))))
+        spec = again.engine.speculative
+        assert (spec.tree_width, spec.tree_nodes) == (3, 10 if not kw else None)
+        assert spec.for_device("cpu").tree_width == cpu_width and spec.for_device("cuda").tree_width == 3
 
 
 def test_a_cpu_engine_drafts_the_cpu_shape(tiny_target_dir, tiny_head):

@@ -125,10 +125,10 @@ class SpeculativeConfig(BaseModel):
         on: on the CPU, where each verified row costs ~10% of a decode step, dynamic trees of
         CPU_TREE_WIDTH and one sampled draw at a chain's first depth; elsewhere DEFAULT_TREE_WIDTH
         and tree_width draws. Values set explicitly are kept."""
-        cpu = device_type == "cpu"
-        siblings = self.sampled_siblings if self.sampled_siblings is not None else (None if cpu else 0)
-        width = max(default_tree_width(device_type), siblings or 1) if self._default_width else self.tree_width
-        siblings = siblings or (1 if cpu else width)
+        width = self.tree_width
+        if self._default_width:  # wide enough for the draws asked for
+            width = max(default_tree_width(device_type), self.sampled_siblings or 1)
+        siblings = self.sampled_siblings or (1 if device_type == "cpu" else width)
         if (width, siblings) == (self.tree_width, self.sampled_siblings):
             return self
         return self.model_copy(update={"tree_width": width, "sampled_siblings": siblings})

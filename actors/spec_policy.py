@@ -293,6 +293,18 @@ class SpecPolicy:
             depths[i] = slots[i].max_depth
         return self._remember(slots, depths)
 
+    def node_floor(self, base_tokens: int, num_seqs: int | None = None) -> float:
+        """The acceptance probability a draft node must be expected to reach to pay for its verified
+        row this step: the seconds one more token adds to a forward of ``base_tokens`` (the verify
+        table's slope) times the goodput the last ``choose`` expected (tokens/s). A node below it
+        adds less to the step's tokens than its row adds to its time. 0 until both are measured;
+        at most 0.5 (a noisy table must not starve drafts that are right more often than not)."""
+        if self.last_goodput is None or not self.verify_cost.measured:
+            return 0.0
+        verify_s = self.verify_model(num_seqs)
+        marginal_s = verify_s(base_tokens + 1) - verify_s(base_tokens)
+        return min(max(marginal_s * self.last_goodput, 0.0), 0.5)
+
     def _remember(self, slots: list[DecodeSlot], depths: list[int]) -> list[int]:
         for s, d in zip(slots, depths):
             if s.source is not None:

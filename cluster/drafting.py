@@ -147,12 +147,14 @@ class DraftPlanner:
         the adaptive policy chooses (if any)."""
         cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
         cands = [(s, exp) for s, exp in cands if exp]
+        floor = 0.0
         if self.policy is not None and cands:
             cands = self._adapt_depths(scheduled, cands)
+            floor = self.policy.node_floor(sum(s.num_query for s in scheduled), len(scheduled))
         return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
                              min(s.num_spec, self._draft_nodes(s.seq, exp)),
                              s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id],
-                             self._depth_room(s.seq))
+                             self._depth_room(s.seq), floor)
                 for s, exp in cands]
 
     @staticmethod

@@ -56,7 +56,32 @@ def test_a_tie_never_orphans_a_node():
     assert p.to_tree(2).tokens == [0, 1, 2]
 
 
+def test_a_score_floor_keeps_only_nodes_that_pay_for_their_row():
+    """Candidates whose path probability is under the floor are left out, at any n; the set stays
+    ancestor-closed; with no candidate at the floor the tree is the root alone; the frontier too."""
+    p = _pool()  # path probabilities: a 0.6, b 0.3, c 0.3, d 0.24, e 0.27, f 0.27
+    assert p.to_tree(99, math.log(0.28)).tokens == [7, 10, 11, 12]
+    assert p.to_tree(1, math.log(0.28)).tokens == [7, 10]  # the cap still holds
+    assert p.to_tree(99, math.log(0.25)).tokens == [7, 10, 11, 12, 14, 15]  # d (0.24) left out
+    assert p.to_tree(99, math.log(0.7)).tokens == [7]
+    assert p.best([2, 3, 4], 3, math.log(0.25)) == [2, 4]
+
+
 # ---- the policy pays for each depth's width ---------------------------------------------------------
+
+def test_the_node_floor_is_a_rows_cost_times_the_goodput():
+    """A node must be expected to yield what its row costs at the step's rate: (seconds one more
+    verified token adds) x (tokens per second the policy expects); 0 until measured, at most 0.5."""
+    from actors.spec_policy import SpecPolicy
+
+    pol = SpecPolicy(max_depth=4)
+    assert pol.node_floor(1, 1) == 0.0
+    for n, s in ((1, 0.010), (5, 0.012), (9, 0.014)):  # 0.5 ms a token
+        pol.observe_verify(n, s)
+    pol.last_goodput = 200.0  # tokens/s
+    assert pol.node_floor(1, 1) == pytest.approx(0.0005 * 200.0)
+    pol.last_goodput = 5000.0
+    assert pol.node_floor(1, 1) == 0.5
 
 def test_wider_drafts_cost_more_tokens_to_verify():
     gains = np.array([[0.6, 0.4, 0.2]])
@@ -157,6 +182,23 @@ def test_greedy_trees_are_lossless_and_bounded(adaptive, lookup_first, tiny_targ
         assert max(t.num_draft_tokens for t in trees) == 9 and max(t.max_depth for t in trees) >= 2
         assert max(t.depths.count(1) for t in trees) == 3
     assert not head.states
+
+
+def test_the_policys_node_floor_prunes_head_trees_losslessly(tiny_target_dir, tiny_head, tiny_prompts, tiny_baseline):
+    """Every draft request carries the policy's floor; a higher floor verifies fewer nodes per tree,
+    one that no node reaches (1.0) leaves every tree at its root; the output is the target's whatever
+    the floor."""
+    nodes = {}
+    for floor in (0.0, 0.02, 1.0):
+        eng = tiny_engine(tiny_target_dir, draft=f"eagle:{tiny_head}", k=3, tree_width=3, adaptive=True,
+                          max_num_batched_tokens=32)
+        eng.drafting.policy.node_floor = lambda *a, floor=floor, **k: floor
+        seen = _record_trees(eng.proposer)
+        outs = eng.generate(tiny_prompts, SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=3)
+        assert [o.token_ids for o in outs] == tiny_baseline
+        assert seen and all(r.min_node_prob == floor for r, _ in seen)
+        nodes[floor] = sum(t.num_draft_tokens for _, t in seen) / len(seen)
+    assert nodes[0.0] > nodes[0.02] > 0 and nodes[1.0] == 0, nodes
 
 
 @pytest.mark.parametrize("lookup_width", [1, 2])

@@ -15,6 +15,8 @@ A proposer that fails raises; the engine then decodes that step without speculat
 """
 from __future__ import annotations
 
+import math
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,14 @@ class DraftRequest:
     block_table: list[int]  # target block table, covering positions up to len(token_ids)-1+max_nodes
     # deepest draft the request's max_tokens and the context leave room for; None: len(expansion)
     max_depth: int | None = None
+    # a dynamic tree keeps only nodes whose draft path probability reaches this (0: every node
+    # within max_nodes): what a verified row must be expected to yield to pay for itself
+    min_node_prob: float = 0.0
+
+    @property
+    def min_score(self) -> float:
+        """``min_node_prob`` as a path log-probability floor (-inf: none)."""
+        return math.log(self.min_node_prob) if self.min_node_prob > 0 else -math.inf
 
     @property
     def root_position(self) -> int:

@@ -257,14 +257,14 @@ class EagleProposer(Proposer):
             for (j, parent), cands in zip(rows, self._candidates(scores, rows, reqs, depth)):
                 added[j] += [pools[j].add(parent, tok, lp) for tok, lp in cands]
             grow = [j for j, r in enumerate(reqs) if depth + 1 < len(r.expansion)]
-            front = [(j, c) for j in grow for c in pools[j].best(added[j], w)]
+            front = [(j, c) for j in grow for c in pools[j].best(added[j], w, reqs[j].min_score)]
             if not front:
                 break
             src = {row: i for i, row in enumerate(rows)}
             feats, scores = self._tree_step(front, rows_of(feats, [src[(j, pools[j].parents[c])] for j, c in front]),
                                             pools, reqs, idx, entry, nxt)
             rows = front
-        return [p.to_tree(r.max_nodes) for p, r in zip(pools, reqs)]
+        return [p.to_tree(r.max_nodes, r.min_score) for p, r in zip(pools, reqs)]
 
     def _candidates(self, scores: HeadScores, rows, reqs, depth) -> list[list[tuple[int, float]]]:
         """Per row: the ``tree_width`` best next tokens and their draft log-probabilities."""

@@ -9,7 +9,7 @@ Each draft node records the proposal it came from (``draft_probs``): the distrib
 *sampled* from ([V], or a ``SubsetProposal``: q over part of the vocabulary, as an
 EAGLE head's draft vocabulary), or ``None`` for a deterministic proposal (top-k expansion, n-gram lookup, greedy
 draft), which verification treats as a delta at the node's token. Multi-step speculative sampling
-(``actors.sampling.verify_sampling``) is lossless only if every sampled node is an independent draw
+(``actors.spec_verify.verify_sampling``) is lossless only if every sampled node is an independent draw
 from its q, which is why ``merge_trees`` never merges a sampled node into another node.
 """
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """What one step's target logits decide for each sequence (the engine's verify phase,
 cluster/engine.py): the tree a decoding sequence verified, the logits its request's processing asks
 for, the argmax greedy requests read, and each tree's verdict: greedy longest match, the seeded race
-(drafter-invariant) or multi-step speculative sampling (actors/sampling.py)."""
+(drafter-invariant) or multi-step speculative sampling (actors/spec_verify.py)."""
 from __future__ import annotations
 
 import torch
 
 from actors.logits_processing import process_logits
-from actors.sampling import greedy, logits_to_probs, verify_greedy, verify_keyed, verify_sampling_logits
+from actors.sampling import greedy, logits_to_probs
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
+from actors.spec_verify import verify_greedy, verify_keyed, verify_sampling_logits
 from actors.tree import TokenTree
 
 

@@ -13,8 +13,8 @@ import torch
 from scipy.stats import chisquare
 
 from actors.logits_processing import process_logits, reference_process
-from actors.sampling import verify_sampling
 from actors.sampling_params import SamplingParams
+from actors.spec_verify import verify_sampling
 from actors.tree import TokenTree
 from tests.tiny import tiny_engine
 from tests.toy_lm import N_TOKENS, P_FAIL, P_PASS, ROOT, TARGET, V, sampled_tree

@@ -1,4 +1,4 @@
-"""Tests for actors.sampling: logits_to_probs, sampling, greedy verification, and the edge cases
+"""Tests for actors.sampling and actors.spec_verify: logits_to_probs, sampling, greedy verification, and the edge cases
 and path validity of sampling verification (its losslessness: tests/test_sampling_lossless.py)."""
 from __future__ import annotations
 
@@ -10,18 +10,9 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import actors.sampling as sampling_module
-from actors.sampling import (
-    VerifyResult,
-    _residual,
-    greedy,
-    logits_to_probs,
-    sample,
-    sample_distinct,
-    sample_next,
-    verify_greedy,
-    verify_sampling,
-)
+from actors.sampling import greedy, logits_to_probs, sample, sample_distinct, sample_next
 from actors.sampling_params import SamplingParams
+from actors.spec_verify import VerifyResult, _residual, verify_greedy, verify_sampling
 from actors.tree import TokenTree
 from kernels import cpu_native
 

@@ -8,18 +8,16 @@ import random
 import pytest
 import torch
 
-from actors.sampling import (
+from actors.sampling import greedy, logits_to_probs, sample
+from actors.sampling_params import SamplingParams
+from actors.spec_verify import (
     VerifyResult,
     _residual,
-    greedy,
-    logits_to_probs,
     reference_speculative_sample,
-    sample,
     verify_greedy,
     verify_sampling,
     verify_sampling_logits,
 )
-from actors.sampling_params import SamplingParams
 from actors.tree import SubsetProposal, TokenTree
 from tests.toy_lm import (
     DRAFT_TOPK,

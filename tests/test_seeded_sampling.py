@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.sampling import position_race, sample_at, sample_next, verify_keyed
+from actors.sampling import position_race, sample_at, sample_next
+from actors.spec_verify import verify_keyed
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree
 from tests.toy_lm import (

@@ -109,13 +109,20 @@ def sample_unseeded(logits: torch.Tensor, params: SamplingParams, generator: tor
     the native kernel inverts the CDF in two passes over the logits, making no buffer: ~25 us for
     49,152 logits where the torch path took ~0.3 ms (four vocabulary-sized buffers, cold after the
     forward). Rows with a NaN or +inf logit, or no mass, take the torch path."""
-    if (logits.dim() == 1 and logits.dtype is torch.float32 and logits.device.type == "cpu"
-            and logits.stride(0) == 1 and logits.shape[0] > 0 and not 0 < params.top_k < logits.shape[0]
-            and params.top_p >= 1.0 and cpu_native.load()):
+    if native_row(logits, params):
         token = cpu_native.sample_logits(logits, params.temperature, uniform(generator, "cpu"))
         if token >= 0:
             return token
     return sample(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), generator)
+
+
+def native_row(logits: torch.Tensor, params: SamplingParams) -> bool:
+    """Whether the native CPU kernels can draw from (and read) softmax(logits / temperature) of this
+    row [V] under ``params``: a contiguous fp32 CPU row, only the temperature shaping it (no top-k
+    or top-p), and the kernels built."""
+    return (logits.dim() == 1 and logits.dtype is torch.float32 and logits.device.type == "cpu"
+            and logits.stride(0) == 1 and logits.shape[0] > 0 and not 0 < params.top_k < logits.shape[0]
+            and params.top_p >= 1.0 and cpu_native.load())
 
 
 def _last_with_mass(probs: torch.Tensor) -> int:

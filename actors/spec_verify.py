@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.sampling import logits_to_probs, sample, sample_at, sample_unseeded, uniform
+from actors.sampling import logits_to_probs, native_row, sample, sample_at, sample_unseeded, uniform
 from actors.sampling_params import SamplingParams
 from actors.tree import Proposal, SubsetProposal, TokenTree
+from kernels import cpu_native
 
 
 @dataclass(slots=True)
@@ -99,8 +100,7 @@ def verify_sampling(
     """
     if target_probs.dim() != 2 or target_probs.shape[0] != tree.size:
         raise ValueError(f"target_probs must be [{tree.size}, V] for this tree, got {tuple(target_probs.shape)}")
-    return _multi_step(tree, target_probs.__getitem__, lambda i: sample(target_probs[i], generator), generator,
-                       target_probs.device)
+    return _multi_step(tree, lambda i: _DenseRow(target_probs[i]), generator, target_probs.device)
 
 
 def verify_sampling_logits(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
@@ -109,33 +109,115 @@ def verify_sampling_logits(tree: TokenTree, logits: torch.Tensor, params: Sampli
     unseeded request, the same draws in the same order, with a node's distribution formed only
     where a child is tried there (the rows the walk visits, not all n), and the next token drawn
     straight from its logits row (``sample_unseeded``) where no child was rejected: at a leaf, and
-    for a sequence without a draft (plain decoding)."""
+    for a sequence without a draft (plain decoding). Where the native kernels can read a row
+    (``native_row``), a child's p(token) and the residual after one rejected child are read and drawn
+    from the logits, with no vocabulary-sized tensor made (a chain's whole verification)."""
     if logits.dim() != 2 or logits.shape[0] != tree.size:
         raise ValueError(f"logits must be [{tree.size}, V] for this tree, got {tuple(logits.shape)}")
-    t, k, top_p = params.temperature, params.top_k, params.top_p
-    return _multi_step(tree, lambda i: logits_to_probs(logits[i], t, k, top_p),
-                       lambda i: sample_unseeded(logits[i], params, generator), generator, logits.device)
+    return _multi_step(tree, lambda i: _LogitRow(logits[i], params), generator, logits.device)
 
 
-def _multi_step(tree: TokenTree, probs_of, draw_at, generator: torch.Generator | None,
+class _DenseRow:
+    """A node's distribution, or a residual of it, as a tensor p [V]."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p: torch.Tensor):
+        self.p = p
+
+    def at(self, token: int) -> float:
+        return float(self.p[token])
+
+    def minus(self, q: Proposal, token: int) -> "_DenseRow":
+        """The residual after a draft ``token`` drawn from ``q`` was rejected."""
+        return _DenseRow(_residual(self.p, q, token))
+
+    def draw(self, generator: torch.Generator | None) -> int:
+        return sample(self.p, generator)
+
+
+class _LogitRow:
+    """A node's distribution given by its logits row [V] under ``params``: formed as a tensor
+    (``logits_to_probs``) only where the native kernels cannot read the row."""
+
+    __slots__ = ("logits", "params", "native", "_dense")
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams):
+        self.logits, self.params = logits, params
+        self.native, self._dense = native_row(logits, params), None
+
+    def dense(self) -> _DenseRow:
+        if self._dense is None:
+            p = self.params
+            self._dense = _DenseRow(logits_to_probs(self.logits, p.temperature, p.top_k, p.top_p))
+        return self._dense
+
+    def at(self, token: int) -> float:
+        if self.native:
+            p = cpu_native.softmax_at(self.logits, self.params.temperature, token)
+            if p >= 0:
+                return p
+        return self.dense().at(token)
+
+    def minus(self, q: Proposal, token: int):
+        if self.native and not isinstance(q, torch.Tensor):
+            return _NativeResidual(self, q, token)
+        return self.dense().minus(q, token)
+
+    def draw(self, generator: torch.Generator | None) -> int:
+        return sample_unseeded(self.logits, self.params, generator)
+
+
+class _NativeResidual:
+    """norm(max(0, p - q)) of a natively read logits row after one rejected draft (q a delta or a
+    SubsetProposal), drawn from the logits; formed as a tensor only where another sibling is tried."""
+
+    __slots__ = ("row", "q", "token")
+
+    def __init__(self, row: _LogitRow, q: Proposal, token: int):
+        self.row, self.q, self.token = row, q, token
+
+    def _dense(self) -> _DenseRow:
+        return self.row.dense().minus(self.q, self.token)
+
+    def at(self, token: int) -> float:
+        return self._dense().at(token)
+
+    def minus(self, q: Proposal, token: int) -> _DenseRow:
+        return self._dense().minus(q, token)
+
+    def draw(self, generator: torch.Generator | None) -> int:
+        """One uniform: the residual's CDF inverted at it; where float error left the residual no
+        mass, p's at the same uniform (``_residual`` falls back to p alike); a row the kernel refuses
+        (a NaN or +inf logit) is drawn by the tensor path."""
+        logits, t, u = self.row.logits, self.row.params.temperature, uniform(generator, "cpu")
+        q = self.q
+        ids, probs = (None, None) if q is None else (q.ids.to(torch.int64).contiguous(),
+                                                      q.probs.to(torch.float32).contiguous())
+        token = cpu_native.sample_residual_logits(logits, t, u, self.token, ids, probs)
+        if token == -2:
+            token = cpu_native.sample_logits(logits, t, u)
+        return token if token >= 0 else self._dense().draw(generator)
+
+
+def _multi_step(tree: TokenTree, row_of, generator: torch.Generator | None,
                 device: torch.device | str) -> VerifyResult:
-    """verify_sampling's walk; probs_of(i) -> the target's distribution [V] after node i (asked for
-    only where a child is tried), draw_at(i) -> a token drawn from it (one draw, where no child was
-    rejected)."""
+    """verify_sampling's walk; row_of(i) -> the target's distribution after node i (a _DenseRow,
+    _LogitRow: asked for only where a child is tried, or where the next token is drawn)."""
     kids = tree.child_lists()
-    node, nodes, residual = 0, [], None
+    node, nodes, row = 0, [], None
     while kids[node]:
-        p = probs_of(node)
+        row = row_of(node)
         for child in kids[node]:
             token, q = tree.tokens[child], tree.draft_probs[child]
-            if uniform(generator, device) * proposal_prob(q, token) < float(p[token]):
-                node, residual = child, None
+            if uniform(generator, device) * proposal_prob(q, token) < row.at(token):
+                node, row = child, None
                 break
-            p = residual = _residual(p, q, token)
-        else:  # no child accepted
+            row = row.minus(q, token)
+        else:  # no child accepted: the next token is the residual's
             break
         nodes.append(node)
-    next_token = draw_at(node) if residual is None else sample(residual, generator)
+    next_token = (row if row is not None else row_of(node)).draw(generator)
     return VerifyResult(nodes, [tree.tokens[i] for i in nodes], next_token, bonus=not kids[node])
 
 

@@ -198,7 +198,7 @@ def _bind() -> None:
 _OPS = ("pack_linear", "linear", "rmsnorm", "rmsnorm_residual", "silu_and_mul", "rope_write_kv", "paged_attention",
         "decoder_layers", "has_avx512", "argmax_rows", "set_product_activations", "product_activations",
         "top_logprobs", "head_step", "set_attention_segment", "attention_segment", "copy_kv_slots",
-        "set_phase_timing", "phase_times", "sample_logits")
+        "set_phase_timing", "phase_times", "sample_logits", "softmax_at", "sample_residual_logits")
 
 
 def _first_call(name: str):
@@ -264,6 +264,27 @@ def sample_logits(x: torch.Tensor, temperature: float, u: float) -> int:
     (a token without mass is never drawn), in two passes over the row and no buffer made. -1 where the
     row has a NaN or +inf logit or no mass at all (the torch path decides those)."""
     return _sample_logits(x, temperature, u)
+
+
+def softmax_at(x: torch.Tensor, temperature: float, token: int) -> float:
+    """softmax(x / temperature)[token] of a contiguous [V] fp32 row, in two passes over the row and no
+    buffer made; -1.0 where the row has a NaN or +inf logit or no mass."""
+    return _softmax_at(x, temperature, token)
+
+
+_NO_IDS = torch.empty(0, dtype=torch.int64)
+_NO_Q = torch.empty(0, dtype=torch.float32)
+
+
+def sample_residual_logits(x: torch.Tensor, temperature: float, u: float, token: int,
+                           ids: torch.Tensor | None = None, q: torch.Tensor | None = None) -> int:
+    """One token drawn from norm(max(0, p - q)) where p = softmax(x / temperature) of a contiguous [V]
+    fp32 row and q the proposal a rejected draft came from: mass q [S] fp32 on the token ids [S] int64,
+    or (both None) a delta at ``token``; by inverting the residual's CDF at the uniform draw u, with
+    no vocabulary-sized buffer made. -1 as ``sample_logits``; -2 where float error leaves the
+    residual no mass (draw from p then, as ``actors.spec_verify`` does)."""
+    return _sample_residual_logits(x, temperature, u, token, _NO_IDS if ids is None else ids,
+                                   _NO_Q if q is None else q)
 
 
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,

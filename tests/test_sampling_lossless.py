@@ -62,6 +62,9 @@ LOSSLESS_CASES = {
     "from_logits_subset_width2": (subset_tree(2, 3), TARGET, from_logits()),
     "from_logits_merged_t0.5": (merged_tree, TARGET, from_logits(0.5)),
     "from_logits_deterministic_topk_target_t1.7": (deterministic_tree(2, 3), TARGET_TOPK, from_logits(1.7)),
+    # chains at temperature only: every row read and every residual drawn by the native kernels
+    "from_logits_subset_chain": (subset_tree(1, 3), TARGET, from_logits()),
+    "from_logits_deterministic_chain_t1.3": (deterministic_tree(1, 3), TARGET, from_logits(1.3)),
 }
 
 

@@ -409,23 +409,13 @@ double row_exps(const float* x, int64_t V, float inv_t, float* e, double* sums) 
 
 }  // namespace
 
-int64_t sample_logits(const at::Tensor& x, double temperature, double u) {
-  check_f32(x, "sample_logits: x");
-  TORCH_CHECK(x.dim() == 1 && x.stride(0) == 1 && x.numel() > 0, "sample_logits: x must be a contiguous [V] row "
-              "of at least one logit, got ", x.sizes(), " strides ", x.strides());
-  TORCH_CHECK(temperature > 0 && std::isfinite(temperature), "sample_logits: temperature must be > 0, got ",
-              temperature);
-  TORCH_CHECK(u >= 0 && u < 1, "sample_logits: u must be a uniform draw in [0, 1), got ", u);
-  const int64_t V = x.numel(), blocks = (V + kLanes - 1) / kLanes;
-  thread_local std::vector<float> e;  // the row's exponentials and block sums, kept between calls
-  thread_local std::vector<double> sums;
-  if (static_cast<int64_t>(e.size()) < blocks * kLanes) e.resize(blocks * kLanes);
-  if (static_cast<int64_t>(sums.size()) < blocks) sums.resize(blocks);
-  const double total = row_exps(x.const_data_ptr<float>(), V, static_cast<float>(1. / temperature), e.data(),
-                                sums.data());
-  if (!(total > 0) || !std::isfinite(total)) return -1;  // a NaN or +inf logit, or no mass: the caller's path
-  // the first token whose cumulative mass exceeds u * total: its block by the block sums (added in the
-  // order the total was), then within the block; a token without mass is never drawn
+namespace {
+
+// the first token whose cumulative mass exceeds u * total, e[0, V) unnormalised masses and sums their
+// per-16 block sums (in double, total their sum in block order): its block by the block sums, then
+// within the block; a token without mass is never drawn. -1 only where no token has mass
+int64_t invert_cdf(const float* e, const double* sums, int64_t V, double u, double total) {
+  const int64_t blocks = (V + kLanes - 1) / kLanes;
   const double target = u * total;
   double before = 0.;
   int64_t last = -1;  // the last block with mass
@@ -445,10 +435,96 @@ int64_t sample_logits(const at::Tensor& x, double temperature, double u) {
     }
     return with_mass;  // the block's float sum exceeded the target where its double sum did not
   }
+  if (last < 0) return -1;
   // u * total rounded up to the total: the last token with mass
   for (int64_t j = std::min(V, (last + 1) * kLanes) - 1; j >= last * kLanes; --j)
     if (e[j] > 0) return j;
-  return -1;  // not reached: a positive total has a token with mass
+  return -1;  // not reached: a block with mass has a token with mass
+}
+
+void check_row(const at::Tensor& x, double temperature, const char* what) {
+  check_f32(x, what);
+  TORCH_CHECK(x.dim() == 1 && x.stride(0) == 1 && x.numel() > 0, what, " must be a contiguous [V] row of at least "
+              "one logit, got ", x.sizes(), " strides ", x.strides());
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature), what, ": temperature must be > 0, got ", temperature);
+}
+
+// the row's exponentials and block sums, kept between calls (one row at a time per thread)
+struct RowScratch {
+  std::vector<float> e;
+  std::vector<double> sums;
+  double exps(const at::Tensor& x, double temperature) {
+    const int64_t V = x.numel(), blocks = (V + kLanes - 1) / kLanes;
+    if (static_cast<int64_t>(e.size()) < blocks * kLanes) e.resize(blocks * kLanes);
+    if (static_cast<int64_t>(sums.size()) < blocks) sums.resize(blocks);
+    return row_exps(x.const_data_ptr<float>(), V, static_cast<float>(1. / temperature), e.data(), sums.data());
+  }
+};
+thread_local RowScratch g_row;
+thread_local std::vector<int64_t> g_touched;  // blocks a residual changed
+
+}  // namespace
+
+int64_t sample_logits(const at::Tensor& x, double temperature, double u) {
+  check_row(x, temperature, "sample_logits: x");
+  TORCH_CHECK(u >= 0 && u < 1, "sample_logits: u must be a uniform draw in [0, 1), got ", u);
+  const double total = g_row.exps(x, temperature);
+  if (!(total > 0) || !std::isfinite(total)) return -1;  // a NaN or +inf logit, or no mass: the caller's path
+  return invert_cdf(g_row.e.data(), g_row.sums.data(), x.numel(), u, total);
+}
+
+double softmax_at(const at::Tensor& x, double temperature, int64_t token) {
+  check_row(x, temperature, "softmax_at: x");
+  const int64_t V = x.numel();
+  TORCH_CHECK(token >= 0 && token < V, "softmax_at: token ", token, " is outside the row's ", V, " logits");
+  const double total = g_row.exps(x, temperature);
+  if (!(total > 0) || !std::isfinite(total)) return -1.;
+  return static_cast<double>(g_row.e[token]) / total;
+}
+
+int64_t sample_residual_logits(const at::Tensor& x, double temperature, double u, int64_t token, const at::Tensor& ids,
+                               const at::Tensor& q) {
+  check_row(x, temperature, "sample_residual_logits: x");
+  TORCH_CHECK(u >= 0 && u < 1, "sample_residual_logits: u must be a uniform draw in [0, 1), got ", u);
+  const int64_t V = x.numel(), S = ids.numel(), blocks = (V + kLanes - 1) / kLanes;
+  TORCH_CHECK(token >= 0 && token < V, "sample_residual_logits: token ", token, " is outside the row's ", V,
+              " logits");
+  if (S > 0) {
+    check_i64(ids, "sample_residual_logits: ids");
+    check_f32(q, "sample_residual_logits: q");
+    TORCH_CHECK(ids.dim() == 1 && ids.is_contiguous() && q.dim() == 1 && q.is_contiguous() && q.numel() == S,
+                "sample_residual_logits: ids and q must be contiguous [S] rows of one length, got ", ids.sizes(),
+                " and ", q.sizes());
+  }
+  const double total = g_row.exps(x, temperature);
+  if (!(total > 0) || !std::isfinite(total)) return -1;
+  float* e = g_row.e.data();
+  double* sums = g_row.sums.data();
+  // max(0, p - q) times the total, in place: q a delta at token (S = 0) leaves token no mass; else
+  // q's mass comes off its tokens. Touched blocks' sums are taken again, in the same order
+  std::vector<int64_t>& touched = g_touched;
+  touched.clear();
+  if (S == 0) {
+    e[token] = 0.f;
+    touched.push_back(token / kLanes);
+  } else {
+    const int64_t* id = ids.const_data_ptr<int64_t>();
+    const float* qp = q.const_data_ptr<float>();
+    for (int64_t i = 0; i < S; ++i) {
+      TORCH_CHECK(id[i] >= 0 && id[i] < V, "sample_residual_logits: ids[", i, "] = ", id[i], " is outside the row's ",
+                  V, " logits");
+      e[id[i]] = std::max(0.f, static_cast<float>(e[id[i]] - static_cast<double>(qp[i]) * total));
+      touched.push_back(id[i] / kLanes);
+    }
+  }
+  for (const int64_t b : touched) {  // as row_exps summed a block: its 16 lanes, then across them
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, V - b * kLanes));
+    sums[b] = static_cast<double>(vsum(vload_n(e + b * kLanes, n)));
+  }
+  double rest = 0.;
+  for (int64_t b = 0; b < blocks; ++b) rest += sums[b];
+  if (!(rest > 0)) return -2;  // float error left no residual mass: the caller draws from p
+  return invert_cdf(e, sums, V, u, rest);
 }
 
 }  // namespace specray

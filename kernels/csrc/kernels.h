@@ -72,6 +72,13 @@ std::tuple<at::Tensor, at::Tensor> top_logprobs(const at::Tensor& x, int64_t k);
 // one token drawn from softmax(x / temperature) of a row x [V] fp32 by inverting its CDF at u in [0, 1);
 // -1 where the row has a NaN or +inf logit or no mass (the caller's torch path decides then)
 int64_t sample_logits(const at::Tensor& x, double temperature, double u);
+// softmax(x / temperature)[token] of a row x [V] fp32; -1 where the row has a NaN or +inf logit or no mass
+double softmax_at(const at::Tensor& x, double temperature, int64_t token);
+// one token drawn from norm(max(0, p - q)), p = softmax(x / temperature) of a row x [V] fp32 and q a
+// proposal with mass q [S] fp32 on the tokens ids [S] int64 (S = 0: a delta at token), by inverting the
+// residual's CDF at u in [0, 1); -1 as sample_logits, -2 where float error leaves the residual no mass
+int64_t sample_residual_logits(const at::Tensor& x, double temperature, double u, int64_t token, const at::Tensor& ids,
+                               const at::Tensor& q);
 at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache, int64_t h, int64_t kvh,
                          const at::Tensor& out = at::Tensor());

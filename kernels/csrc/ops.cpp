@@ -54,6 +54,9 @@ SPECRAY_LIBRARY(SPECRAY_NS, m) {
   m.def("set_phase_timing(bool on) -> bool", &specray::set_phase_timing);
   m.def("phase_times() -> Tensor", &specray::phase_times);
   m.def("sample_logits(Tensor x, float temperature, float u) -> int", &specray::sample_logits);
+  m.def("softmax_at(Tensor x, float temperature, int token) -> float", &specray::softmax_at);
+  m.def("sample_residual_logits(Tensor x, float temperature, float u, int token, Tensor ids, Tensor q) -> int",
+        &specray::sample_residual_logits);
   m.def("top_logprobs(Tensor x, int k) -> (Tensor, Tensor)", &specray::top_logprobs);
   m.def("head_step(Tensor tokens, Tensor feats, Tensor embed, Tensor fc, Tensor fc_bias, Tensor[] weights, "
         "Tensor k_cache, Tensor v_cache, Tensor cos, Tensor sin, Tensor slots, Tensor query_start_loc, "

@@ -201,17 +201,19 @@ def _drive(policy: SpecPolicy, verify, draft, accept_rate: float, batch: int, st
 
 def test_policy_turns_speculation_off_under_compute_bound_load():
     """Batch 32, time proportional to tokens: after the first (unmeasured) step only the round-robin
-    explorer drafts, one sequence every 32 steps, each time a different one."""
-    policy = SpecPolicy(max_depth=5, explore_every=32)
-    steps = _drive(policy, lambda n: 0.001 * n, lambda b: 0.0005 * b, 0.5, 32, 200, random.Random(1))
+    explorer drafts, one sequence every 32 steps, each time a different one: one position past the
+    depth chosen (0), and its full depth on every fourth exploration."""
+    policy = SpecPolicy(max_depth=5, explore_every=32, full_explore_every=4)
+    steps = _drive(policy, lambda n: 0.001 * n, lambda b: 0.0005 * b, 0.5, 32, 400, random.Random(1))
     assert steps[0] == [5] * 32
+    explorers = []
     for i, depths in enumerate(steps[1:], start=2):
         drafting = [s for s, d in enumerate(depths) if d]
         assert len(drafting) == (1 if i % 32 == 0 else 0), (i, depths)
         if i % 32 == 0:
-            assert depths[drafting[0]] == 5
-    explorers = [depths.index(5) for i, depths in enumerate(steps[1:], start=2) if i % 32 == 0]
-    assert len(set(explorers)) == len(explorers)
+            assert depths[drafting[0]] == (5 if (i // 32) % 4 == 0 else 1), (i, depths)
+            explorers.append(drafting[0])
+    assert len(explorers) == 12 and len(set(explorers)) == len(explorers)
 
 
 def test_policy_speculates_fully_when_memory_bound_and_accepting():

@@ -140,11 +140,19 @@ class _LogitRow:
     """A node's distribution given by its logits row [V] under ``params``: formed as a tensor
     (``logits_to_probs``) only where the native kernels cannot read the row."""
 
-    __slots__ = ("logits", "params", "native", "_dense")
+    __slots__ = ("logits", "params", "_native", "_dense")
 
     def __init__(self, logits: torch.Tensor, params: SamplingParams):
         self.logits, self.params = logits, params
-        self.native, self._dense = native_row(logits, params), None
+        self._native, self._dense = None, None
+
+    @property
+    def native(self) -> bool:
+        """Whether the kernels read this row (``native_row``), asked once and only where a child is
+        tried: a row that is only drawn from (every plain sampled token) leaves it to sample_unseeded."""
+        if self._native is None:
+            self._native = native_row(self.logits, self.params)
+        return self._native
 
     def dense(self) -> _DenseRow:
         if self._dense is None:

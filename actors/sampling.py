@@ -24,12 +24,16 @@ from kernels import cpu_native
 _TOP_P_PREFIX = 1024  # top-p first tries this many most-probable tokens before a full sort
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """logits [..., V] -> probs [..., V]: temperature, then top-k (0 = off), then top-p (1.0 = off).
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                    min_p: float = 0.0) -> torch.Tensor:
+    """logits [..., V] -> probs [..., V]: temperature, then top-k (0 = off) and min-p (0.0 = off),
+    then top-p (1.0 = off): vLLM's order.
 
     Apply the same settings to the target and the draft. top-k keeps every token tied with the k-th
-    largest logit; top-p keeps the smallest most-probable set whose mass reaches top_p.
-    Float32 at least (float64 stays float64).
+    largest logit; min-p keeps the tokens whose probability is at least min_p times the most
+    probable one's (a ratio renormalising does not change: min-p and top-k commute); top-p then keeps
+    the smallest most-probable set whose mass, renormalised after them, reaches top_p. The most
+    probable token always stays. Float32 at least (float64 stays float64).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to sample (got {temperature}); use greedy() for temperature 0")
@@ -37,11 +41,16 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
         raise ValueError(f"top_k must be >= 0, 0 = off (got {top_k})")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], 1.0 = off (got {top_p})")
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1], 0.0 = off (got {min_p})")
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     if 0 < top_k < logits.shape[-1]:
         pivot = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < pivot, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if top_p < 1.0:
         sorted_probs, order = _top_p_candidates(probs, top_k, top_p)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -50,6 +59,12 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def params_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> probs [..., V] under ``params``' temperature, top-k, top-p and min-p
+    (``logits_to_probs``): what every sampled path (target and drafts) draws from."""
+    return logits_to_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)
 
 
 def _top_p_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,9 +118,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
 
 
 def sample_unseeded(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
-    """One token from logits [V] under ``params``' temperature, top-k and top-p, drawn from
-    ``generator``: ``sample(logits_to_probs(logits, ...), generator)`` in distribution, one uniform
-    draw. Where only the temperature shapes it (no top-k or top-p) and the row is fp32 on the CPU,
+    """One token from logits [V] under ``params``' temperature, top-k, top-p and min-p, drawn from
+    ``generator``: ``sample(params_probs(logits, params), generator)`` in distribution, one uniform
+    draw. Where only the temperature shapes it (no top-k, top-p or min-p) and the row is fp32 on the CPU,
     the native kernel inverts the CDF in two passes over the logits, making no buffer: ~25 us for
     49,152 logits where the torch path took ~0.3 ms (four vocabulary-sized buffers, cold after the
     forward). Rows with a NaN or +inf logit, or no mass, take the torch path."""
@@ -113,16 +128,16 @@ def sample_unseeded(logits: torch.Tensor, params: SamplingParams, generator: tor
         token = cpu_native.sample_logits(logits, params.temperature, uniform(generator, "cpu"))
         if token >= 0:
             return token
-    return sample(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), generator)
+    return sample(params_probs(logits, params), generator)
 
 
 def native_row(logits: torch.Tensor, params: SamplingParams) -> bool:
     """Whether the native CPU kernels can draw from (and read) softmax(logits / temperature) of this
-    row [V] under ``params``: a contiguous fp32 CPU row, only the temperature shaping it (no top-k
-    or top-p), and the kernels built."""
+    row [V] under ``params``: a contiguous fp32 CPU row, only the temperature shaping it (no top-k,
+    top-p or min-p), and the kernels built."""
     return (logits.dim() == 1 and logits.dtype is torch.float32 and logits.device.type == "cpu"
             and logits.stride(0) == 1 and logits.shape[0] > 0 and not 0 < params.top_k < logits.shape[0]
-            and params.top_p >= 1.0 and cpu_native.load())
+            and params.top_p >= 1.0 and params.min_p == 0.0 and cpu_native.load())
 
 
 def _last_with_mass(probs: torch.Tensor) -> int:
@@ -240,4 +255,4 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         return sample_unseeded(logits, params, generator)
     if position is None:
         raise ValueError("a seeded request samples by position: pass the position of the token drawn")
-    return sample_at(logits_to_probs(logits, params.temperature, params.top_k, params.top_p), params.seed, position)
+    return sample_at(params_probs(logits, params), params.seed, position)

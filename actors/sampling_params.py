@@ -15,6 +15,8 @@ class SamplingParams(BaseModel):
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k filter")
+    min_p: float = Field(0.0, ge=0.0, le=1.0,
+                         description="vLLM: drop tokens below min_p x the most probable token's probability; 0 = off")
     seed: int | None = None
     max_tokens: int = Field(64, ge=1)  # generation also stops where the context ends (see LLMEngine.add_request)
     stop: tuple[str, ...] = ()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.sampling import logits_to_probs, native_row, sample, sample_at, sample_unseeded, uniform
+from actors.sampling import native_row, params_probs, sample, sample_at, sample_unseeded, uniform
 from actors.sampling_params import SamplingParams
 from actors.tree import Proposal, SubsetProposal, TokenTree
 from kernels import cpu_native
@@ -105,7 +105,7 @@ def verify_sampling(
 
 def verify_sampling_logits(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
                            generator: torch.Generator | None = None) -> VerifyResult:
-    """``verify_sampling(tree, logits_to_probs(logits, ...), generator)`` for logits [n, V] of an
+    """``verify_sampling(tree, params_probs(logits, params), generator)`` for logits [n, V] of an
     unseeded request, the same draws in the same order, with a node's distribution formed only
     where a child is tried there (the rows the walk visits, not all n), and the next token drawn
     straight from its logits row (``sample_unseeded``) where no child was rejected: at a leaf, and
@@ -138,7 +138,7 @@ class _DenseRow:
 
 class _LogitRow:
     """A node's distribution given by its logits row [V] under ``params``: formed as a tensor
-    (``logits_to_probs``) only where the native kernels cannot read the row."""
+    (``params_probs``) only where the native kernels cannot read the row."""
 
     __slots__ = ("logits", "params", "_native", "_dense")
 
@@ -157,7 +157,7 @@ class _LogitRow:
     def dense(self) -> _DenseRow:
         if self._dense is None:
             p = self.params
-            self._dense = _DenseRow(logits_to_probs(self.logits, p.temperature, p.top_k, p.top_p))
+            self._dense = _DenseRow(params_probs(self.logits, p))
         return self._dense
 
     def at(self, token: int) -> float:

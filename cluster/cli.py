@@ -89,6 +89,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below this fraction of the most probable token's probability (0 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
@@ -163,7 +165,7 @@ def _kv_tier_from_args(args) -> dict:
     return {} if gb is None or gb == 0 else {"enabled": True, "capacity_gb": gb}  # 0: off, < 0: named error
 
 
-SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "stop")  # --max-tokens: the default of each prompt
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop")  # --max-tokens: the default of each prompt
 
 
 def engine_requests(args, lines: list):

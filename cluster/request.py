@@ -28,8 +28,9 @@ from pydantic import ValidationError
 from actors.sampling_params import SamplingParams
 from cluster.validation import REQUEST, first_field, format_validation_error
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "spec_tokens",
-                   "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos",
+                   "spec_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                   "logit_bias", "min_tokens")
 
 Prompt = str | list[int] | list[dict]
 

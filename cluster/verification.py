@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from actors.logits_processing import process_logits
-from actors.sampling import greedy, logits_to_probs
+from actors.sampling import greedy, params_probs
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
 from actors.spec_verify import verify_greedy, verify_keyed, verify_sampling_logits
@@ -49,5 +49,5 @@ def verify_tree(seq: Sequence, tree: TokenTree, rows: torch.Tensor, argmax: list
     p = seq.params
     if p.seed is None:  # multi-step speculative sampling, distributions formed only where the walk goes
         return verify_sampling_logits(tree, rows, p, seq.generator)
-    probs = logits_to_probs(rows, p.temperature, p.top_k, p.top_p)  # drafter-invariant: the seed fixes the output
+    probs = params_probs(rows, p)  # drafter-invariant: the seed fixes the output
     return verify_keyed(tree, probs, p.seed, root_position=seq.num_computed)

@@ -38,6 +38,7 @@ class BatchLine(BaseModel):
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     spec_tokens: StrictInt | None = None

@@ -34,7 +34,7 @@ _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.INVAL
                422: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
                401: grpc.StatusCode.UNAUTHENTICATED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
                503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
-_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "spec_tokens")
+_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "spec_tokens")
 
 
 def grpc_options(port: int) -> dict:

@@ -104,6 +104,7 @@ class SamplingRequest(BaseModel):
     temperature: Float | None = None
     top_p: Float | None = None
     top_k: Int | None = None  # extension
+    min_p: Float | None = None  # extension (vLLM)
     seed: Int | None = None
     stop: str | list[str] | None = None
     n: Int = 1

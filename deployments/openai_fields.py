@@ -102,6 +102,7 @@ FIELDS: tuple[FieldPolicy, ...] = (
     FieldPolicy("temperature", IMPL, True, True, "0 to 2; 0 = greedy"),
     FieldPolicy("top_p", IMPL, True, True, "(0, 1]"),
     FieldPolicy("top_k", IMPL, True, True, "extension: 0 = off"),
+    FieldPolicy("min_p", IMPL, True, True, "extension (vLLM): [0, 1], 0 = off; relative to the most probable token"),
     FieldPolicy("seed", IMPL, True, True, "choice i samples with seed + i; same output with or without speculation"),
     FieldPolicy("presence_penalty", IMPL, True, True, "-2 to 2; applied per token tree node (lossless)"),
     FieldPolicy("frequency_penalty", IMPL, True, True, "-2 to 2; applied per token tree node (lossless)"),

@@ -142,6 +142,18 @@ def test_sampling_seed_reproducible(tiny_target_dir, tiny_prompts):
     assert _ids(a) != _ids(c)
 
 
+def test_min_p_seeded_output_does_not_depend_on_the_draft(tiny_target_dir, tiny_prompts):
+    """A seeded request under min-p gives plain decoding's tokens whether or not drafts are verified
+    (the filter is applied to every verified node), and min-p changes them."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, min_p=0.2, seed=3, ignore_eos=True)
+    plain = tiny_engine(tiny_target_dir).generate(tiny_prompts[:3], params)
+    spec = tiny_engine(tiny_target_dir, draft="layerskip:1", k=3).generate(tiny_prompts[:3], params)
+    assert _ids(spec) == _ids(plain)
+    assert sum(o.num_draft_tokens for o in spec) > 0
+    loose = tiny_engine(tiny_target_dir).generate(tiny_prompts[:3], params.model_copy(update={"min_p": 0.0}))
+    assert _ids(loose) != _ids(plain)
+
+
 def test_engines_share_a_policy_that_goes_on_learning(tiny_target_dir, tiny_prompts, tiny_baseline):
     """A benchmark session's engines (or a restarted server's) reuse what the policy measured."""
     first = tiny_engine(tiny_target_dir, draft="ngram", k=4, adaptive=True)

@@ -59,9 +59,10 @@ def test_request_conversion_shares_the_http_models():
     assert (req.prompt, req.max_tokens, req.temperature, req.stop, req.spec_tokens) == ("hi", 5, 0.5, ["\n"], 0)
     assert req.stream and req.include_usage and req.return_token_ids
     assert req.top_p is None and req.seed is None  # absent stays absent: the HTTP side's defaults apply
-    req, chat = to_openai_request(_chat(top_k=3, seed=7, ignore_eos=True), stream=False)
+    req, chat = to_openai_request(_chat(top_k=3, min_p=0.25, seed=7, ignore_eos=True), stream=False)
     assert isinstance(req, ChatCompletionRequest) and chat and not req.stream
-    assert (req.top_k, req.seed, req.ignore_eos, req.messages[0].content) == (3, 7, True, MESSAGES[0][1])
+    assert (req.top_k, req.min_p, req.seed, req.ignore_eos, req.messages[0].content) == (3, 0.25, 7, True,
+                                                                                        MESSAGES[0][1])
     with pytest.raises(APIError, match="neither given"):
         to_openai_request(pb.GenerateRequest(max_tokens=3), stream=False)
     with pytest.raises(APIError, match="both given"):

@@ -174,6 +174,17 @@ def test_extensions_and_penalties_through_the_client(app):
                                                logit_bias={"28": 100}, extra_body={"return_token_ids": True})
     out = _call(app, biased)
     assert out.choices[0].model_extra["token_ids"] == [28, 28, 28, 28]
+
+    async def min_p(client):  # min_p 1 keeps only the most probable token: sampling gives the greedy answer
+        greedy = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0)
+        sampled = [await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=1.0,
+                                                   seed=s, extra_body={"min_p": 1.0}) for s in (1, 2)]
+        return greedy, sampled
+    greedy, sampled = _call(app, min_p)
+    assert [s.choices[0].text for s in sampled] == [greedy.choices[0].text] * 2
+    with pytest.raises(openai.BadRequestError) as e:
+        _call(app, lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"min_p": 1.5}))
+    assert e.value.body["param"] == "min_p" and "min_p=1.5" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         _call(app, lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"49152": 1}))
     assert e.value.body["param"] == "logit_bias" and "outside the vocabulary" in e.value.body["message"]

@@ -16,7 +16,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("name, value", [
-    ("max_tokens", 7), ("temperature", 0.5), ("top_p", 0.9), ("top_k", 3), ("seed", 11), ("stop", ("a", "b")),
+    ("max_tokens", 7), ("temperature", 0.5), ("top_p", 0.9), ("top_k", 3), ("min_p", 0.1), ("seed", 11),
+    ("stop", ("a", "b")),
     ("ignore_eos", True), ("spec_tokens", 0), ("logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
     ("repetition_penalty", 1.2), ("logit_bias", ((3, -1.0),)), ("min_tokens", 4),
 ])
@@ -39,6 +40,7 @@ def test_not_given_means_default_and_other_keys_are_ignored():
     ("top_p", 0.0, "top_p=0.0: Input should be greater than 0"),
     ("top_p", 1.5, "top_p=1.5: Input should be less than or equal to 1"),
     ("top_k", -1, "top_k=-1: Input should be greater than or equal to 0"),
+    ("min_p", 1.5, "min_p=1.5: Input should be less than or equal to 1"),
     ("seed", "x", "seed='x': Input should be a valid integer"),
     ("stop", ["a", 1], "stop.1=1: Input should be a valid string"),
     ("ignore_eos", "maybe", "ignore_eos='maybe': Input should be a valid boolean"),
@@ -144,10 +146,10 @@ def test_cli_flags_go_through_the_mapping():
     from cluster.cli import engine_requests
     from cluster.prompt_file import PromptLine
 
-    args = argparse.Namespace(temperature=0.7, top_p=0.8, top_k=5, seed=4, stop=["\n"], max_tokens=9)
+    args = argparse.Namespace(temperature=0.7, top_p=0.8, top_k=5, min_p=0.05, seed=4, stop=["\n"], max_tokens=9)
     lines = [PromptLine(0, {"prompt": "a"}), PromptLine(1, {"messages": MESSAGES, "prompt": "no", "max_tokens": 2}),
              PromptLine(2, {"messages": [], "prompt": "b"}), PromptLine(3, {"prompt": [5, 6]})]
-    flags = dict(temperature=0.7, top_p=0.8, top_k=5, seed=4, stop=("\n",))
+    flags = dict(temperature=0.7, top_p=0.8, top_k=5, min_p=0.05, seed=4, stop=("\n",))
     assert engine_requests(args, lines) == [
         EngineRequest("a", SamplingParams(max_tokens=9, **flags)),
         EngineRequest(MESSAGES, SamplingParams(max_tokens=2, **flags)),

@@ -24,6 +24,7 @@ from tests.toy_lm import (
     P_FAIL,
     P_PASS,
     TARGET,
+    TARGET_MINP,
     TARGET_TOPK,
     TRIALS,
     V,
@@ -37,13 +38,13 @@ from tests.toy_lm import (
     subset_tree,
 )
 
-def from_logits(temperature: float = 1.0):
+def from_logits(temperature: float = 1.0, min_p: float = 0.0):
     """verify_sampling_logits as a verifier of target probabilities: logits log(p) * T at temperature T
-    (fp32 rows, -inf where p is 0), so that softmax(logits / T) is p."""
+    (fp32 rows, -inf where p is 0), so that softmax(logits / T) is p (under ``min_p``: p filtered)."""
 
     def verify(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> VerifyResult:
         logits = (target_probs.log() * temperature).float()
-        return verify_sampling_logits(tree, logits, SamplingParams(temperature=temperature), gen)
+        return verify_sampling_logits(tree, logits, SamplingParams(temperature=temperature, min_p=min_p), gen)
 
     return verify
 
@@ -75,6 +76,17 @@ def test_speculative_sampling_is_lossless(case):
     pvalues = chi_square_pvalues(samples, target)
     print(f"\n{case}: chi-square p-values {pvalues}")
     assert min(pvalues.values()) > P_PASS, pvalues
+
+
+@pytest.mark.parametrize("propose", [subset_tree(2, 3), sampled_tree(1, 3)], ids=["subset_width2", "chain_k3"])
+def test_min_p_verification_from_logits_is_lossless(propose):
+    """The target's rows are TARGET's logits and the request asks for min-p 0.1: what comes out has
+    TARGET_MINP's distribution (the filter applied at every verified node), not TARGET's."""
+    samples = generate(propose, from_logits(1.0, min_p=0.1), TARGET, seed=1234, trials=TRIALS)
+    pvalues = chi_square_pvalues(samples, TARGET_MINP)
+    print(f"\nmin_p 0.1: chi-square p-values {pvalues}")
+    assert min(pvalues.values()) > P_PASS, pvalues
+    assert min(chi_square_pvalues(samples, TARGET).values()) < P_FAIL  # the filter did change the output
 
 
 # Negative controls: the same harness must reject subtly wrong verifiers.

@@ -29,10 +29,10 @@ P_PASS, P_FAIL = 1e-3, 1e-6
 
 
 class ToyLM:
-    def __init__(self, seed: int, sharpness: float, top_k: int = 0):
+    def __init__(self, seed: int, sharpness: float, top_k: int = 0, min_p: float = 0.0):
         g = torch.Generator().manual_seed(seed)
         logits = torch.randn(MAX_POS, V, V, generator=g, dtype=torch.float64) * sharpness
-        self.probs = logits_to_probs(logits, 1.0, top_k=top_k)  # [pos, last token, next token]
+        self.probs = logits_to_probs(logits, 1.0, top_k=top_k, min_p=min_p)  # [pos, last token, next token]
         self._cum = self.probs.cumsum(-1).tolist()
         self._order = self.probs.argsort(dim=-1, descending=True, stable=True).tolist()
         self._rows = [list(self.probs[pos].unbind()) for pos in range(MAX_POS)]
@@ -59,6 +59,7 @@ class ToyLM:
 
 TARGET = ToyLM(seed=11, sharpness=1.3)
 TARGET_TOPK = ToyLM(seed=11, sharpness=1.3, top_k=4)  # zeros in p
+TARGET_MINP = ToyLM(seed=11, sharpness=1.3, min_p=0.1)  # TARGET under min-p 0.1
 DRAFT = ToyLM(seed=23, sharpness=1.0)
 DRAFT_TOPK = ToyLM(seed=29, sharpness=1.6, top_k=3)  # zeros in q
 SHARP_DRAFT = ToyLM(seed=23, sharpness=2.0)  # peaked q: i.i.d. siblings often repeat a token

@@ -29,7 +29,7 @@ from actors.proposers.base import DraftRequest, Proposer
 from actors.proposers.dynamic_tree import DraftPool
 from actors.proposers.head_kv import HeadGraphRunner, HeadKVPool, HeadScores, head_step, scored_rows
 from actors.eagle.head import EagleHead
-from actors.sampling import logits_to_probs, race_top_among, sample, sample_distinct
+from actors.sampling import params_probs, race_top_among, sample, sample_distinct
 from actors.tree import SubsetProposal, TokenTree
 from actors.verifier import SeqChunk, build_forward_batch
 
@@ -207,7 +207,7 @@ class EagleProposer(Proposer):
                 nodes = [tree.add(tips[j], t) for t in picks]
             elif r.params.seed is None:  # draws from q, siblings distinct: multi-step speculative sampling
                 p = r.params
-                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
+                q_small = params_probs(logits[j], p)
                 if width == 1:  # one draw: q's CDF at one uniform
                     rows, proposals = [sample(q_small, r.generator)], q_small[None]
                 else:
@@ -218,7 +218,7 @@ class EagleProposer(Proposer):
                          for t, q, row in zip(picks, proposals, rows)]
             else:  # seeded: the target picks argmax(p / E) with this position's race; guess its top-width
                 p = r.params  # (keyed verification reads no q, so none is stored)
-                q_small = logits_to_probs(logits[j], p.temperature, p.top_k, p.top_p)
+                q_small = params_probs(logits[j], p)
                 rows = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
                                       r.root_position + depth + 1, width)
                 picks = vocab[rows].tolist()
@@ -276,7 +276,7 @@ class EagleProposer(Proposer):
                 out.append(list(zip(scores.ids[row][:w], scores.logprobs[row][:w])))
                 continue
             p = r.params
-            q_small = logits_to_probs(logits[row], p.temperature, p.top_k, p.top_p)
+            q_small = params_probs(logits[row], p)
             picks = race_top_among(q_small, vocab, self.head.cfg.target_vocab_size, p.seed,
                                    r.root_position + depth + 1, w)
             out.append(list(zip(vocab[picks].tolist(), q_small[picks].clamp_min(1e-30).log().tolist())))

@@ -15,7 +15,7 @@ import torch
 
 from actors.kv_allocator import KVBlockAllocator
 from actors.proposers.base import DraftRequest, Proposer
-from actors.sampling import logits_to_probs, race_top, sample_distinct
+from actors.sampling import params_probs, race_top, sample_distinct
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk, Verifier
 
@@ -47,7 +47,7 @@ def _expand(job: _Job, depth: int, rows: torch.Tensor) -> None:
             new += [job.tree.add(parent, int(t)) for t in toks]
     else:
         p = req.params
-        probs = logits_to_probs(rows.float(), p.temperature, p.top_k, p.top_p)
+        probs = params_probs(rows.float(), p)
         for parent, q in zip(job.frontier, probs):
             if p.seed is None:  # distinct draws from q, each with the q it was drawn from (multi-step
                 picks, proposals = sample_distinct(q, width, req.generator)  # speculative sampling)

@@ -3,10 +3,10 @@
 Requests are pydantic models with unknown fields forbidden (a typo such as ``max_token`` is an
 error, not silently ignored). Every field of OpenAI's requests is in the conformance table
 (``deployments.openai_fields``): the implemented ones are typed here, the accepted-and-ignored and
-the rejected ones (a 400 naming the field) are declared from the table. Value ranges are checked when a request becomes the engine's prompt
-and ``SamplingParams`` (``to_engine``: the OpenAI-only checks, then the one request mapping of
-``cluster.request``, one SamplingParams per choice), so a bad value is answered 400 with the field
-and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
+the rejected ones (a 400 naming the field) are declared from the table. Value ranges are checked
+when a request becomes the engine's prompts and ``SamplingParams`` (``to_engine``: the OpenAI-only
+checks, then the one request mapping of ``cluster.request``: the prompts, and one SamplingParams per
+choice of each), so a bad value is answered 400 with the field and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
 OpenAI error body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat
 semantics; vLLM does the same), capped by the model's context.
 """
@@ -119,23 +119,24 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, Float] | None = None  # {token id: bias}; ids checked by SamplingParams and the engine
     min_tokens: Int | None = None  # extension (vLLM)
 
-    def to_engine(self, max_model_len: int) -> tuple[Prompt, list[SamplingParams]]:
-        """The engine prompt and one SamplingParams per choice (choice i gets seed + i when a seed is
-        given), after every check (APIError 400 naming the field). Without max_tokens a choice runs
-        until EOS, a stop string or the context end."""
+    def to_engine(self, max_model_len: int) -> tuple[list[Prompt], list[SamplingParams]]:
+        """The engine prompts (one, or a completion request's list) and the SamplingParams of each
+        prompt's n choices (choice j gets seed + j when a seed is given), after every check (APIError
+        400 naming the field). Choice j of prompt i is the answer's choice i * n + j. Without
+        max_tokens a choice runs until EOS, a stop string or the context end."""
         with _as_api_error():
             check_policy(dict(self), self.CHAT)
-            prompt = engine_prompt(self.prompt_fields())
+            prompts = [engine_prompt(fields) for fields in self.prompt_fields()]
             self.check_supported(max_model_len)
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
             fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k())
             base = sampling_params(fields, default_max_tokens=max_model_len)
         if self.seed is None:
-            return prompt, [base] * self.n
-        return prompt, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
+            return prompts, [base] * self.n
+        return prompts, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
 
-    def prompt_fields(self) -> dict:
-        """``{"prompt": ...}`` or ``{"messages": ...}`` (checked per subclass)."""
+    def prompt_fields(self) -> list[dict]:
+        """``[{"prompt": ...}, ...]`` or ``[{"messages": ...}]`` (checked per subclass)."""
         raise NotImplementedError
 
     def logprobs_k(self) -> int | None:
@@ -181,20 +182,19 @@ class CompletionRequest(SamplingRequest, _CompletionPolicy):
             raise APIError(400, f"logprobs={self.logprobs}: must be between 0 and {MAX_LOGPROBS}", param="logprobs")
         return self.logprobs
 
-    def prompt_fields(self) -> dict:
-        """Text, token ids, or a list of one of either (OpenAI's batch forms; one prompt per request)."""
+    def prompt_fields(self) -> list[dict]:
+        """Text, token ids, or a list of either (OpenAI's batch forms: each prompt gets its n choices)."""
         p = self.prompt
-        if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
-            if len(p) != 1:
-                raise APIError(400, f"prompt: a list of {len(p)} prompts; only one prompt per request is "
-                                    f"supported", param="prompt")
-            p = p[0]
-        if isinstance(p, list):
-            bad = next((x for x in p if isinstance(x, bool) or not isinstance(x, int)), None)
-            if bad is not None:
-                raise APIError(400, f"prompt: {json.dumps(bad)} is not a token id; a prompt is a string, a list "
-                                    f"of token ids (integers) or a list of one of either", param="prompt")
-        return {"prompt": p}
+        several = isinstance(p, list) and bool(p) and all(isinstance(x, (str, list)) for x in p)
+        prompts = p if several else [p]
+        for i, one in enumerate(prompts):
+            where = f"prompt[{i}]" if several else "prompt"
+            if isinstance(one, list):
+                bad = next((x for x in one if isinstance(x, bool) or not isinstance(x, int)), None)
+                if bad is not None:
+                    raise APIError(400, f"{where}: {json.dumps(bad)} is not a token id; a prompt is a string, a "
+                                        f"list of token ids (integers) or a list of either", param="prompt")
+        return [{"prompt": one} for one in prompts]
 
 
 class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
@@ -217,10 +217,10 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> list[dict]:
         for i, m in enumerate(self.messages):
             m.check_supported(i)
-        return {"messages": self.messages}
+        return [{"messages": self.messages}]
 
 
 @contextmanager
@@ -249,16 +249,24 @@ def speculation_of(out: RequestOutput) -> dict:
             "accepted_per_pos": list(out.accepted_per_pos)}
 
 
-def total_usage(outs: list[RequestOutput]) -> dict:
-    """Usage of a request with ``len(outs)`` choices: the shared prompt counted once."""
-    prompt, completion = outs[0].num_prompt_tokens, sum(o.num_output_tokens for o in outs)
+def prompt_heads(outs: list[RequestOutput], per_prompt: int | None = None) -> list[RequestOutput]:
+    """The first choice of each prompt of a request whose prompts have ``per_prompt`` choices each
+    (None: one prompt, all of ``outs`` its choices): what counts each prompt once."""
+    return outs[::per_prompt] if per_prompt else outs[:1]
+
+
+def total_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dict:
+    """Usage of a request's choices: each prompt counted once (``prompt_heads``), every choice's tokens."""
+    prompt = sum(o.num_prompt_tokens for o in prompt_heads(outs, per_prompt))
+    completion = sum(o.num_output_tokens for o in outs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def openai_usage(outs: list[RequestOutput]) -> dict:
+def openai_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dict:
     """``total_usage`` plus OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens served
     from the prefix cache (device or host KV tier). HTTP only (the gRPC Usage message has no such field)."""
-    return {**total_usage(outs), "prompt_tokens_details": {"cached_tokens": outs[0].num_cached_tokens}}
+    cached = sum(o.num_cached_tokens for o in prompt_heads(outs, per_prompt))
+    return {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def total_speculation(outs: list[RequestOutput]) -> dict:
@@ -294,9 +302,11 @@ def choice_body(index: int, out: RequestOutput, chat: bool, logprobs: dict | Non
     return choice
 
 
-def completion_response(rid: str, model: str, choices: list[dict], outs: list[RequestOutput], chat: bool) -> dict:
+def completion_response(rid: str, model: str, choices: list[dict], outs: list[RequestOutput], chat: bool,
+                        per_prompt: int | None = None) -> dict:
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": openai_usage(outs), "speculation": total_speculation(outs)}
+            "model": model, "choices": choices, "usage": openai_usage(outs, per_prompt),
+            "speculation": total_speculation(outs)}
 
 
 def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | None = None,
@@ -324,11 +334,12 @@ def running_usage(prompt_tokens: int, completion_tokens: list[int]) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
 
-def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], created: int | None = None) -> dict:
+def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], created: int | None = None,
+                per_prompt: int | None = None) -> dict:
     """The last chunk when ``stream_options.include_usage``: no choices, usage and speculation."""
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created or int(time.time()), "model": model, "choices": [],
-            "usage": openai_usage(outs), "speculation": total_speculation(outs)}
+            "usage": openai_usage(outs, per_prompt), "speculation": total_speculation(outs)}
 
 
 def models_response(model: str, created: int) -> dict:

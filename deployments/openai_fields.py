@@ -80,7 +80,7 @@ FIELDS: tuple[FieldPolicy, ...] = (
     FieldPolicy("messages[].audio", REJ, True, False, "audio is not supported"),
     FieldPolicy("messages[].refusal", REJ, True, False, "refusals in the history are not supported"),
     FieldPolicy("prompt", IMPL, False, True,
-                "a string, token ids, or a list of one of either; several prompts per request: 400"),
+                "a string, token ids, or a list of either: n choices each, prompt i's at indices i*n .. i*n+n-1"),
     FieldPolicy("suffix", REJ, False, True, "insertion (fill in the middle) is not supported; `\"\"` accepted",
                 _empty),
     FieldPolicy("echo", REJ, False, True, "echoing the prompt is not supported; `false` accepted", _is(False)),

@@ -3,9 +3,10 @@ and the gRPC methods both call it); ``handle`` answers HTTP from it.
 
 One request: refuse it when the replica cannot serve (engine loop dead, draining: 503 with a
 Retry-After), check the model and values, admit it (``Admission``: 429 with a Retry-After when the
-replica is full), start one engine request per choice (``n``): a ``Generation``. HTTP then answers a
-dict or an ``EventStream`` of SSE lines, gRPC protobufs (``deployments.grpc_ingress``). Streaming
-chunks carry their choice index; usage counts the prompt once and sums the completion tokens.
+replica is full), start one engine request per choice (``n`` for each prompt; a completion request
+may give a list of prompts, choice j of prompt i at index i * n + j): a ``Generation``. HTTP then
+answers a dict or an ``EventStream`` of SSE lines, gRPC protobufs (``deployments.grpc_ingress``).
+Streaming chunks carry their choice index; usage counts each prompt once and sums the completion tokens.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
-                                    finish_reason_of, models_response, new_id, running_usage, stream_chunk,
-                                    usage_chunk)
+                                    finish_reason_of, models_response, new_id, prompt_heads, running_usage,
+                                    stream_chunk, usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -80,16 +81,23 @@ class OpenAIServer:
         if req.model is not None and req.model != self.model_name:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        prompt, params = req.to_engine(self.max_model_len)
-        ticket = await self.admission.admit(len(params))
+        prompts, params = req.to_engine(self.max_model_len)
+        field = "messages" if chat else "prompt"
+        pairs = [(prompt, p) for prompt in prompts for p in params]
+        if len(prompts) > 1 and len(pairs) > self.admission.max_running:
+            raise APIError(400, f"prompt: {len(prompts)} prompts x n={len(params)} = {len(pairs)} sequences; this "
+                                f"server runs at most {self.admission.max_running} at once (max_ongoing_requests); "
+                                f"send fewer prompts per request", param="prompt")
+        labels = [f"{field}[{i}]" if len(prompts) > 1 else field for i in range(len(prompts)) for _ in params]
+        ticket = await self.admission.admit(len(pairs))
         rid = new_id("chatcmpl" if chat else "cmpl")
         try:  # a max_tokens the request names must fit the context with the prompt (a 400, not cut short)
-            choices = await ChoiceStreams.start(self.aeng, prompt, params, rid, "messages" if chat else "prompt",
+            choices = await ChoiceStreams.start(self.aeng, pairs, rid, field, labels,
                                                 fit_max_tokens=req.requested_max_tokens is not None)
         except BaseException:
             ticket.release()
             raise
-        return Generation(rid, choices, ticket)
+        return Generation(rid, choices, ticket, len(params))
 
     async def handle(self, req: SamplingRequest, chat: bool):
         """The HTTP answer: a dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
@@ -99,7 +107,7 @@ class OpenAIServer:
         outs, logprobs = await gen.finish()
         bodies = [choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
                   for i, (out, lps) in enumerate(zip(outs, logprobs))]
-        return completion_response(gen.rid, self.model_name, bodies, outs, chat)
+        return completion_response(gen.rid, self.model_name, bodies, outs, chat, gen.per_prompt)
 
     def _logprobs_body(self, entries: list | None, chat: bool) -> dict | None:
         if entries is None:
@@ -113,8 +121,10 @@ class OpenAIServer:
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
         streamed = [0] * len(finals)  # tokens per choice so far (continuous usage)
 
+        prompt_tokens = sum(o.num_prompt_tokens for o in prompt_heads(finals, gen.per_prompt))
+
         def usage() -> dict | None:
-            return running_usage(finals[0].num_prompt_tokens, streamed) if req.continuous_usage else None
+            return running_usage(prompt_tokens, streamed) if req.continuous_usage else None
 
         if chat:
             for i in range(len(finals)):
@@ -140,7 +150,7 @@ class OpenAIServer:
         except RuntimeError as e:  # the engine loop failed or stopped under this request
             yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
         if req.include_usage:
-            yield sse(usage_chunk(outs=finals, **chunk))
+            yield sse(usage_chunk(outs=finals, per_prompt=gen.per_prompt, **chunk))
         yield SSE_DONE
 
 
@@ -153,17 +163,18 @@ class ChoiceStreams:
         self.firsts: list[RequestOutput] = []
 
     @classmethod
-    async def start(cls, aeng: AsyncLLMEngine, prompt, params: list, rid: str, prompt_field: str,
-                    fit_max_tokens: bool = False) -> ChoiceStreams:
-        """Bad input surfaces here (400 naming ``prompt_field``), before any byte of the answer."""
-        ids = [rid] if len(params) == 1 else [f"{rid}-{i}" for i in range(len(params))]
+    async def start(cls, aeng: AsyncLLMEngine, pairs: list[tuple], rid: str, prompt_field: str,
+                    labels: list[str] | None = None, fit_max_tokens: bool = False) -> ChoiceStreams:
+        """One engine stream per (prompt, SamplingParams) choice. Bad input surfaces here (400 naming
+        ``prompt_field``, the message the choice's label, e.g. ``prompt[2]``), before any byte of the answer."""
+        ids = [rid] if len(pairs) == 1 else [f"{rid}-{i}" for i in range(len(pairs))]
         self = cls([aeng.generate(prompt, p, request_id=i, fit_max_tokens=fit_max_tokens)
-                    for p, i in zip(params, ids)])
+                    for (prompt, p), i in zip(pairs, ids)])
         firsts = await asyncio.gather(*(g.__anext__() for g in self.gens), return_exceptions=True)
-        errors = [f for f in firsts if isinstance(f, BaseException)]
-        if errors:
+        bad = next((i for i, f in enumerate(firsts) if isinstance(f, BaseException)), None)
+        if bad is not None:
             await self.aclose()
-            raise _first_error(errors[0], prompt_field)
+            raise _first_error(firsts[bad], prompt_field, labels[bad] if labels else prompt_field)
         self.firsts = firsts
         return self
 
@@ -220,14 +231,14 @@ class ChoiceStreams:
 ENGINE_RETRY_AFTER_S = 5
 
 
-def _first_error(e: BaseException, prompt_field: str) -> BaseException:
+def _first_error(e: BaseException, prompt_field: str, label: str) -> BaseException:
     field = getattr(e, "field", None)  # a RequestError naming another field than the prompt (logit_bias)
     if isinstance(e, ValueError) and field:
         return APIError(400, str(e), param=field)
     if isinstance(e, ValueError):
         msg = str(e)
         code = "context_length_exceeded" if "context" in msg else None
-        return APIError(400, f"{prompt_field}: {msg}", param=prompt_field, code=code)
+        return APIError(400, f"{label}: {msg}", param=prompt_field, code=code)
     if isinstance(e, RuntimeError):
         return APIError(503, f"engine unavailable: {e}", code="engine_unavailable", retry_after_s=ENGINE_RETRY_AFTER_S)
     return e
@@ -241,6 +252,7 @@ class Generation:
     rid: str
     choices: ChoiceStreams
     ticket: Ticket
+    per_prompt: int | None = None  # choices per prompt (n); None: one prompt, every choice its own
 
     async def finish(self) -> tuple[list[RequestOutput], list[list | None]]:
         """Every choice's final output and logprobs (a non-streaming answer), then closed; APIError 500

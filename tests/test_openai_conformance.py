@@ -190,6 +190,41 @@ def test_extensions_and_penalties_through_the_client(app):
     assert e.value.body["param"] == "logit_bias" and "outside the vocabulary" in e.value.body["message"]
 
 
+def test_a_list_of_prompts_gets_n_choices_each_in_prompt_order(app):
+    """OpenAI's batched completions: choice j of prompt i at index i * n + j, each the answer the prompt
+    gets alone; usage counts each prompt once; streamed chunks carry those indices."""
+    prompts = ["One, two,", [504, 314, 253]]
+
+    async def fn(client):
+        alone = [await client.completions.create(model=MODEL, prompt=p, max_tokens=5, temperature=0) for p in prompts]
+        both = await client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2)
+        stream = await client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, temperature=0, n=2,
+                                                 stream=True, stream_options={"include_usage": True})
+        return alone, both, [c async for c in stream]
+
+    alone, both, chunks = _call(app, fn)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    texts = ["", "", "", ""]
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] += c.choices[0].text
+    assert texts == [c.text for c in both.choices]
+    assert _counts(chunks[-1].usage) == _counts(both.usage) and not chunks[-1].choices
+
+    def bad(prompt, n=1):
+        with pytest.raises(openai.BadRequestError) as e:
+            _call(app, lambda c: c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=n))
+        return e.value.body
+    body = bad(["fine", [5, "x"]])
+    assert body["param"] == "prompt" and body["message"].startswith('prompt[1]: "x" is not a token id')
+    body = bad(["a", "b", "c"], n=2)  # 6 sequences; the app's replica runs 4
+    assert body["param"] == "prompt" and "3 prompts x n=2 = 6 sequences" in body["message"]
+    body = bad(["a", [5] * (CONTEXT + 1)])
+    assert body["param"] == "prompt" and body["message"].startswith("prompt[1]: ")
+
+
 def test_prompt_and_max_tokens_over_the_context_is_a_400_naming_the_numbers(app):
     prompt = list(range(1000, 1200))  # 200 tokens of a 256-token context
 

@@ -109,14 +109,14 @@ def test_accepted_message_fields():
             {"role": "assistant", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}],
              "tool_calls": [], "refusal": None},
             {"role": "tool", "content": "42", "tool_call_id": "call-1"}]
-    prompt, _ = ChatCompletionRequest(messages=msgs).to_engine(CONTEXT)
+    [prompt], _ = ChatCompletionRequest(messages=msgs).to_engine(CONTEXT)
     assert prompt == [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi\nthere"},
                       {"role": "tool", "content": "42"}]
 
 
 @pytest.mark.parametrize("body, param, words", [
     ({"prompt": [True, False]}, "prompt", "prompt: true is not a token id"),
-    ({"prompt": [[5, 6], [7]]}, "prompt", "prompt: a list of 2 prompts"),
+    ({"prompt": [[5, 6], [7, "x"]]}, "prompt", 'prompt[1]: "x" is not a token id'),
     ({"prompt": "x", "temperature": 1e308}, "temperature", "temperature=1e+308: must be between 0 and 2"),
     ({"prompt": "x", "temperature": 2.01}, "temperature", "temperature=2.01: must be between 0 and 2"),
     ({"prompt": "x", "temperature": float("nan")}, "temperature", "temperature=nan: must be between 0 and 2"),
@@ -137,5 +137,5 @@ def test_a_boolean_is_not_a_number():
     for field in ("max_tokens", "n", "seed", "temperature", "top_k"):
         with pytest.raises(ValidationError, match="must be a number, not a boolean"):
             CompletionRequest(prompt="x", **{field: True})
-    assert CompletionRequest(prompt=[[5, 6]]).to_engine(CONTEXT)[0] == [5, 6]
+    assert CompletionRequest(prompt=[[5, 6]]).to_engine(CONTEXT)[0] == [[5, 6]]
     assert CompletionRequest(prompt="x", temperature=2, top_p=1).to_engine(CONTEXT)[1][0].temperature == 2.0

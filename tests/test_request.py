@@ -109,16 +109,18 @@ def test_engine_request():
 def test_http_models_go_through_the_mapping():
     from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
 
-    prompt, params = CompletionRequest(prompt=["one"], max_tokens=5, temperature=0.5, stop="s", seed=2,
-                                       n=2, logprobs=1).to_engine(2048)
-    assert prompt == "one"
+    prompts, params = CompletionRequest(prompt=["one"], max_tokens=5, temperature=0.5, stop="s", seed=2,
+                                        n=2, logprobs=1).to_engine(2048)
+    assert prompts == ["one"]
     assert params == [SamplingParams(max_tokens=5, temperature=0.5, stop=("s",), seed=2, logprobs=1),
                       SamplingParams(max_tokens=5, temperature=0.5, stop=("s",), seed=3, logprobs=1)]
-    prompt, params = ChatCompletionRequest(messages=MESSAGES, max_completion_tokens=4, logprobs=True,
-                                           top_k=2, ignore_eos=True, spec_tokens=0).to_engine(2048)
-    assert prompt == MESSAGES
+    prompts, params = ChatCompletionRequest(messages=MESSAGES, max_completion_tokens=4, logprobs=True,
+                                            top_k=2, ignore_eos=True, spec_tokens=0).to_engine(2048)
+    assert prompts == [MESSAGES]
     assert params == [SamplingParams(max_tokens=4, top_k=2, ignore_eos=True, spec_tokens=0, logprobs=0)]
     assert CompletionRequest(prompt=[1, 2]).to_engine(100)[1][0].max_tokens == 100  # default: the context
+    prompts, params = CompletionRequest(prompt=["a", [5, 6], "c"], n=2, seed=9).to_engine(100)
+    assert prompts == ["a", [5, 6], "c"] and [p.seed for p in params] == [9, 10]  # each prompt's n choices
     with pytest.raises(APIError) as e:
         CompletionRequest(prompt="x", top_p=2.0).to_engine(100)
     assert (e.value.status, e.value.param, e.value.message) == (400, "top_p", "top_p=2.0: Input should be less "
@@ -165,5 +167,5 @@ def test_a_grpc_message_goes_through_the_same_models():
 
     req, chat = to_openai_request(pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="hi")],
                                                      max_tokens=6, top_k=2), stream=False)
-    prompt, params = req.to_engine(64)
-    assert chat and prompt == MESSAGES and params == [SamplingParams(max_tokens=6, top_k=2)]
+    prompts, params = req.to_engine(64)
+    assert chat and prompts == [MESSAGES] and params == [SamplingParams(max_tokens=6, top_k=2)]

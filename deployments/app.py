@@ -6,7 +6,7 @@ options derived from ``ServeArgs``; ``app_builder(dict)`` is the same for Serve 
 and streams from an ``AsyncLLMEngine`` over it; ``OpenAIServer`` (``deployments.openai_server``)
 holds the request logic and works without Serve.
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+Endpoints: GET /health, GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions
 (``stream: true`` answers SSE: ``data: {chunk}`` lines, then ``data: [DONE]``). Errors use the
 OpenAI error body. A client that goes away cancels the handler, which aborts the request and
 frees its KV blocks (cancelling the engine's async iterator does that).
@@ -172,6 +172,10 @@ class OpenAIIngress(GrpcGenerationMixin):
     @app.get("/v1/models")
     async def models(self):
         return self.server.models()
+
+    @app.get("/v1/models/{model:path}")
+    async def model(self, model: str):
+        return self.server.model(model)
 
     @app.post("/v1/completions")
     async def completions(self, req: CompletionRequest):

@@ -342,5 +342,9 @@ def usage_chunk(rid: str, model: str, chat: bool, outs: list[RequestOutput], cre
             "usage": openai_usage(outs, per_prompt), "speculation": total_speculation(outs)}
 
 
+def model_card(model: str, created: int) -> dict:
+    return {"id": model, "object": "model", "created": created, "owned_by": "specray"}
+
+
 def models_response(model: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specray"}]}
+    return {"object": "list", "data": [model_card(model, created)]}

@@ -183,6 +183,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel], type[BaseModel] | None, tup
     ("/v1/completions", "post"): (Completion, CompletionChunk, (400, 401, 404, 413, 422, 429, 500, 503)),
     ("/v1/chat/completions", "post"): (ChatCompletion, ChatCompletionChunk, (400, 401, 404, 413, 422, 429, 500, 503)),
     ("/v1/models", "get"): (ModelList, None, (401,)),
+    ("/v1/models/{model}", "get"): (Model, None, (401, 404)),
     ("/health", "get"): (Health, None, (503,)),
 }
 

@@ -21,7 +21,7 @@ from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
-                                    finish_reason_of, models_response, new_id, prompt_heads, running_usage,
+                                    finish_reason_of, model_card, models_response, new_id, prompt_heads, running_usage,
                                     stream_chunk, usage_chunk)
 from deployments.openai_logprobs import LogprobFormatter
 
@@ -45,6 +45,13 @@ class OpenAIServer:
 
     def models(self) -> dict:
         return models_response(self.model_name, self.created)
+
+    def model(self, name: str) -> dict:
+        """One model's card (the SDK's ``models.retrieve``); APIError 404 naming an unknown one."""
+        if name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        return model_card(self.model_name, self.created)
 
     def begin_drain(self) -> None:
         """From now on new requests get 503; requests in flight run to their end."""

@@ -271,9 +271,10 @@ def test_openapi_declares_the_real_answers_and_they_validate(app):
                                                                "stream_options": {"include_usage": True}})
         bad = await http.post("/v1/completions", json={"prompt": "x", "tools": []})
         models, health = await http.get("/v1/models"), await http.get("/health")
-        return doc, chat, comp, stream, bad, models, health
+        card, unknown = await http.get(f"/v1/models/{MODEL}"), await http.get("/v1/models/nope")
+        return doc, chat, comp, stream, bad, models, health, card, unknown
 
-    doc, chat, comp, stream, bad, models, health = _call(app, fn, raw=True)
+    doc, chat, comp, stream, bad, models, health, card, unknown = _call(app, fn, raw=True)
     for path, method, body in [("/v1/completions", "post", "Completion"),
                                ("/v1/chat/completions", "post", "ChatCompletion")]:
         responses = doc["paths"][path][method]["responses"]
@@ -293,8 +294,25 @@ def test_openapi_declares_the_real_answers_and_they_validate(app):
     _validator(doc, "ErrorResponse").validate(bad.json())
     _validator(doc, "ModelList").validate(models.json())
     _validator(doc, "Health").validate(health.json())
+    _validator(doc, "Model").validate(card.json())
+    assert card.json() == models.json()["data"][0]
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    _validator(doc, "ErrorResponse").validate(unknown.json())
+    assert set(doc["paths"]["/v1/models/{model}"]["get"]["responses"]) == {"200", "401", "404"}
     with pytest.raises(Exception):  # the schemas are strict: an undeclared key fails
         _validator(doc, "Completion").validate({**comp.json(), "surprise": 1})
+
+
+def test_the_client_retrieves_the_model_and_a_404_names_an_unknown_one(app):
+    async def fn(client):
+        card = await client.models.retrieve(MODEL)
+        try:
+            await client.models.retrieve("org/other-model")
+        except openai.NotFoundError as e:
+            return card, e.body
+    card, body = _call(app, fn)
+    assert (card.id, card.object, card.owned_by) == (MODEL, "model", "specray")
+    assert body["param"] == "model" and "'org/other-model' does not exist" in body["message"]
 
 
 def test_405_names_the_allowed_methods(app):

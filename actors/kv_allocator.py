@@ -147,17 +147,18 @@ class KVBlockAllocator:
         return [s.blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
     # ---- allocate ------------------------------------------------------------------------------
-    def can_allocate(self, token_ids: list[int], extra_tokens: int = 0) -> bool:
+    def can_allocate(self, token_ids: list[int], extra_tokens: int = 0, use_cache: bool = True) -> bool:
         total = self._check_request(token_ids, extra_tokens)
-        hits, _, _ = self._lookup(token_ids)
+        hits, _, _ = self._lookup(token_ids, use_cache)
         return self._allocate_cost(total, hits) <= len(self._free)
 
-    def allocate(self, seq_id: int, token_ids: list[int], extra_tokens: int = 0) -> int:
-        """Create seq_id's table for len(token_ids) + extra_tokens positions; return cached tokens."""
+    def allocate(self, seq_id: int, token_ids: list[int], extra_tokens: int = 0, use_cache: bool = True) -> int:
+        """Create seq_id's table for len(token_ids) + extra_tokens positions; return cached tokens
+        (none without ``use_cache``: every position computed, its full blocks still registered)."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id!r} already has a block table; free it first")
         total = self._check_request(token_ids, extra_tokens)
-        hits, prev_hash, prev_chain_id = self._lookup(token_ids)
+        hits, prev_hash, prev_chain_id = self._lookup(token_ids, use_cache)
         cost = self._allocate_cost(total, hits)
         if cost > len(self._free):
             raise OutOfBlocksError(f"allocate seq {seq_id!r} needs {cost} free blocks, "
@@ -316,12 +317,12 @@ class KVBlockAllocator:
         dev = [b for b in hits if isinstance(b, Block)]
         return self._blocks_for(total) - len(dev) + sum(b.ref_count == 0 for b in dev)
 
-    def _lookup(self, token_ids: list[int]) -> tuple[list[Block | HostEntry], int | None, int]:
+    def _lookup(self, token_ids: list[int], use_cache: bool = True) -> tuple[list[Block | HostEntry], int | None, int]:
         """Longest verified cached prefix of whole blocks (device, else host tier), never including
-        the last token."""
+        the last token (none without ``use_cache``)."""
         hits: list[Block | HostEntry] = []
         prev_hash, prev_chain_id = None, ROOT_CHAIN
-        if not self.enable_prefix_caching:
+        if not (self.enable_prefix_caching and use_cache):
             return hits, prev_hash, prev_chain_id
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):

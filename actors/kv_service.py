@@ -32,6 +32,7 @@ class KVEntry:
     num_tokens: int
     spec: int = 0  # draft-node slots wanted (decode only)
     token_ids: list[int] | None = None  # waiting sequences: the tokens to allocate
+    use_cache: bool = True  # waiting sequences: may start from a prefix-cache hit (not when every prompt row is wanted)
 
     @property
     def is_decode(self) -> bool:
@@ -121,8 +122,8 @@ def _admit(alloc: KVBlockAllocator, waiting: list[KVEntry], num_running: int, ma
                 return
             computed = swap_in(alloc, e.seq_id, e.num_tokens)
             grant = Grant(e.seq_id, min(e.num_tokens - computed, token_budget), 0, computed, swapped_in=True)
-        elif alloc.can_allocate(e.token_ids):
-            cached = alloc.allocate(e.seq_id, e.token_ids)
+        elif alloc.can_allocate(e.token_ids, use_cache=e.use_cache):
+            cached = alloc.allocate(e.seq_id, e.token_ids, use_cache=e.use_cache)
             grant = Grant(e.seq_id, min(e.num_tokens - cached, token_budget), 0, cached,
                           alloc.host_hit_tokens(e.seq_id), alloc.disk_hit_tokens(e.seq_id))
         else:

@@ -26,6 +26,9 @@ class SamplingParams(BaseModel):
     # Log-probabilities of the emitted tokens (raw target distribution) plus this many alternatives
     # each; None = not computed (no cost).
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # The same for every prompt token after the first (vLLM's prompt_logprobs; the completions API's
+    # echo): each prompt row's logits are computed, so the prompt is not served from the prefix cache.
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # Logits processing (actors.logits_processing), applied to the target's logits of every tree node
     # given that node's own path, so speculation stays lossless. Neutral values cost nothing.
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI: minus this once per token generated")

@@ -56,7 +56,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
-        "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs",
+        "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs", "prompt_logprobs",
         "num_cached_tokens", "num_host_cached_tokens", "num_disk_cached_tokens", "num_shared_cached_tokens",
     )
 
@@ -83,6 +83,9 @@ class Sequence:
         self.error: str | None = None
         # one actors.logprobs.TokenLogprob per output token when params.logprobs is set, else None
         self.logprobs: list | None = None if params.logprobs is None else []
+        # params.prompt_logprobs set: one TokenLogprob per prompt token after the first (entry i is
+        # token i + 1's, from the row of position i), filled as the prompt is prefilled; else None
+        self.prompt_logprobs: list | None = None if params.prompt_logprobs is None else []
 
     @property
     def num_tokens(self) -> int:

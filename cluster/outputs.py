@@ -32,11 +32,18 @@ class RequestOutput:
     num_host_cached_tokens: int = 0  # of those, loaded from the host KV tier
     num_disk_cached_tokens: int = 0  # ... and from the disk KV tier (the rest: found on the device)
     num_shared_cached_tokens: int = 0  # ... and fetched from the shared KV tier across replicas
+    # Requests with prompt_logprobs, on their first and their final output: the prompt's token ids
+    # and one TokenLogprob per prompt token after the first (the first has no row that predicts it)
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         for delta in ("delta_text", "delta_token_ids", "delta_logprobs"):
             d.pop(delta)
+        for key in ("prompt_token_ids", "prompt_logprobs"):  # only requests that asked carry them
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -96,4 +103,9 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         num_host_cached_tokens=seq.num_host_cached_tokens,
         num_disk_cached_tokens=seq.num_disk_cached_tokens,
         num_shared_cached_tokens=seq.num_shared_cached_tokens,
+        **(_prompt_fields(seq) if seq.prompt_logprobs is not None and (prev_tokens == 0 or seq.is_finished) else {}),
     )
+
+
+def _prompt_fields(seq: Sequence) -> dict:
+    return {"prompt_token_ids": seq.token_ids[:seq.num_prompt_tokens], "prompt_logprobs": list(seq.prompt_logprobs)}

@@ -6,9 +6,10 @@ error, not silently ignored). Every field of OpenAI's requests is in the conform
 the rejected ones (a 400 naming the field) are declared from the table. Value ranges are checked
 when a request becomes the engine's prompts and ``SamplingParams`` (``to_engine``: the OpenAI-only
 checks, then the one request mapping of ``cluster.request``: the prompts, and one SamplingParams per
-choice of each), so a bad value is answered 400 with the field and value named; schema errors (wrong type, missing or unknown field) are FastAPI's 422, in the
-OpenAI error body. An omitted ``max_tokens`` means "until the context ends" (OpenAI's chat
-semantics; vLLM does the same), capped by the model's context.
+choice of each), so a bad value is answered 400 with the field and value named; schema errors
+(wrong type, missing or unknown field) are FastAPI's 422, in the OpenAI error body. An omitted
+``max_tokens`` means "until the context ends" (OpenAI's chat semantics; vLLM does the same), capped
+by the model's context.
 """
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ class SamplingRequest(BaseModel):
             prompts = [engine_prompt(fields) for fields in self.prompt_fields()]
             self.check_supported(max_model_len)
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
-            fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k())
+            fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k(),
+                          prompt_logprobs=self.prompt_logprobs_k())
             base = sampling_params(fields, default_max_tokens=max_model_len)
         if self.seed is None:
             return prompts, [base] * self.n
@@ -142,6 +144,15 @@ class SamplingRequest(BaseModel):
     def logprobs_k(self) -> int | None:
         """Alternatives per token the request asks for, None = no logprobs (checked per subclass)."""
         return None
+
+    def prompt_logprobs_k(self) -> int | None:
+        """The same for the prompt's tokens (completions' echo), None = not computed."""
+        return None
+
+    @property
+    def prompt_only(self) -> bool:
+        """The answer is the echoed prompt alone (completions' echo with max_tokens 0)."""
+        return False
 
     def check_supported(self, max_model_len: int) -> None:
         if not 1 <= self.n <= MAX_N:
@@ -176,11 +187,29 @@ _ChatPolicy = create_model("_ChatPolicy", **policy_fields(chat=True))
 class CompletionRequest(SamplingRequest, _CompletionPolicy):
     prompt: str | list
     logprobs: Int | None = Field(None, strict=True)  # alternatives per token; the chosen one always comes too
+    echo: bool = False  # the prompt before the completion (with logprobs: the prompt tokens' too)
 
     def logprobs_k(self) -> int | None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise APIError(400, f"logprobs={self.logprobs}: must be between 0 and {MAX_LOGPROBS}", param="logprobs")
         return self.logprobs
+
+    def prompt_logprobs_k(self) -> int | None:
+        return self.logprobs_k() if self.echo else None
+
+    @property
+    def prompt_only(self) -> bool:
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def requested_max_tokens(self) -> int | None:  # the prompt alone: one token is generated and dropped
+        return 1 if self.prompt_only else self.max_tokens
+
+    def check_supported(self, max_model_len: int) -> None:
+        super().check_supported(max_model_len)
+        if self.prompt_only and self.stream:
+            raise APIError(400, "max_tokens=0 (the echoed prompt alone) is answered with stream=false only",
+                           param="max_tokens")
 
     def prompt_fields(self) -> list[dict]:
         """Text, token ids, or a list of either (OpenAI's batch forms: each prompt gets its n choices)."""

@@ -83,7 +83,8 @@ FIELDS: tuple[FieldPolicy, ...] = (
                 "a string, token ids, or a list of either: n choices each, prompt i's at indices i*n .. i*n+n-1"),
     FieldPolicy("suffix", REJ, False, True, "insertion (fill in the middle) is not supported; `\"\"` accepted",
                 _empty),
-    FieldPolicy("echo", REJ, False, True, "echoing the prompt is not supported; `false` accepted", _is(False)),
+    FieldPolicy("echo", IMPL, False, True, "the prompt before each choice's text; with logprobs, its tokens' "
+                "too (the first one's null); with max_tokens 0 the prompt alone (not streamed)"),
     FieldPolicy("model", IMPL, True, True, "must be the served model's name (404 otherwise); may be left out"),
     # ---- length, choices, streaming ---------------------------------------------------------
     FieldPolicy("max_tokens", IMPL, True, True,

@@ -11,6 +11,7 @@ Streaming chunks carry their choice index; usage counts each prompt once and sum
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +24,7 @@ from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
                                     finish_reason_of, model_card, models_response, new_id, prompt_heads, running_usage,
                                     stream_chunk, usage_chunk)
-from deployments.openai_logprobs import LogprobFormatter
+from deployments.openai_logprobs import LogprobFormatter, merge_completion_logprobs
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -104,7 +105,12 @@ class OpenAIServer:
         except BaseException:
             ticket.release()
             raise
-        return Generation(rid, choices, ticket, len(params))
+        echo = [self._prompt_text(p) for p in prompts for _ in params] if getattr(req, "echo", False) else None
+        return Generation(rid, choices, ticket, len(params), echo)
+
+    def _prompt_text(self, prompt) -> str:
+        """A completion prompt as echoed: its text, or its token ids decoded."""
+        return prompt if isinstance(prompt, str) else self.aeng.tokenizer.decode(prompt)
 
     async def handle(self, req: SamplingRequest, chat: bool):
         """The HTTP answer: a dict (non-streaming) or an ``EventStream`` of SSE lines (``req.stream``)."""
@@ -112,8 +118,17 @@ class OpenAIServer:
         if req.stream:
             return EventStream(self._events(gen, req, chat), gen)
         outs, logprobs = await gen.finish()
-        bodies = [choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
-                  for i, (out, lps) in enumerate(zip(outs, logprobs))]
+        if req.prompt_only:  # the token generated to end the request is not part of the answer
+            outs = [dataclasses.replace(o, text="", token_ids=[], num_output_tokens=0) for o in outs]
+            logprobs = [None if lps is None else [] for lps in logprobs]
+        bodies = []
+        for i, (out, lps) in enumerate(zip(outs, logprobs)):
+            if gen.echo is None:
+                bodies.append(choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids))
+                continue
+            body = choice_body(i, out, chat, self._echo_logprobs(gen.choices.firsts[i], lps), req.return_token_ids)
+            body["text"] = gen.echo[i] + body["text"]
+            bodies.append(body)
         return completion_response(gen.rid, self.model_name, bodies, outs, chat, gen.per_prompt)
 
     def _logprobs_body(self, entries: list | None, chat: bool) -> dict | None:
@@ -121,11 +136,20 @@ class OpenAIServer:
             return None
         return self.logprobs.chat(entries) if chat else self.logprobs.completion(entries)[0]
 
+    def _echo_logprobs(self, first: RequestOutput, entries: list | None) -> dict | None:
+        """Completions logprobs of an echoed choice: the prompt's tokens (from its first output), then
+        ``entries`` (its output tokens'); None when the request asked for none."""
+        if entries is None:
+            return None
+        body, offset = self.logprobs.prompt(first.prompt_token_ids, first.prompt_logprobs)
+        return merge_completion_logprobs(body, self.logprobs.completion(entries, offset)[0])
+
     async def _events(self, gen: Generation, req: SamplingRequest, chat: bool) -> AsyncIterator[str]:
         chunk = dict(rid=gen.rid, model=self.model_name, chat=chat, created=int(time.time()))
         choices = gen.choices
         finals = list(choices.firsts)
         offsets = [0] * len(finals)  # completions logprobs: text_offset continues across chunks
+        echo = list(gen.echo) if gen.echo is not None else None  # prompt text still to send, per choice
         streamed = [0] * len(finals)  # tokens per choice so far (continuous usage)
 
         prompt_tokens = sum(o.num_prompt_tokens for o in prompt_heads(finals, gen.per_prompt))
@@ -145,14 +169,20 @@ class OpenAIServer:
                                              code="engine_error"))
                         break
                     ids = out.delta_token_ids if req.return_token_ids else None
-                    lp = None
+                    lp, text = None, out.delta_text
                     if out.delta_logprobs and chat:
                         lp = self.logprobs.chat(out.delta_logprobs)
+                    elif echo is not None and echo[i] is not None:  # a choice's first chunk: the prompt first
+                        text, echo[i] = echo[i] + text, None
+                        if out.delta_logprobs is not None:
+                            prompt, offsets[i] = self.logprobs.prompt(out.prompt_token_ids, out.prompt_logprobs)
+                            lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
+                            lp = merge_completion_logprobs(prompt, lp)
                     elif out.delta_logprobs:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
-                    if out.delta_text or out.finished or ids or lp:
+                    if text or out.finished or ids or lp:
                         streamed[i] = out.num_output_tokens
-                        yield sse(stream_chunk(index=i, text=out.delta_text, finish_reason=finish_reason_of(out),
+                        yield sse(stream_chunk(index=i, text=text, finish_reason=finish_reason_of(out),
                                                token_ids=ids, logprobs=lp, usage=usage(), **chunk))
         except RuntimeError as e:  # the engine loop failed or stopped under this request
             yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
@@ -260,6 +290,7 @@ class Generation:
     choices: ChoiceStreams
     ticket: Ticket
     per_prompt: int | None = None  # choices per prompt (n); None: one prompt, every choice its own
+    echo: list[str] | None = None  # completions' echo: each choice's prompt text, sent before its own
 
     async def finish(self) -> tuple[list[RequestOutput], list[list | None]]:
         """Every choice's final output and logprobs (a non-streaming answer), then closed; APIError 500

@@ -13,11 +13,11 @@ REJECTED = {
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "high",
     "verbosity": "low", "moderation": {"model": "omni-moderation-latest"}, "response_format": {"type": "json_object"},
-    "suffix": "!", "echo": True, "best_of": 2,
+    "suffix": "!", "best_of": 2,
 }
 NEUTRAL = {"tools": [], "tool_choice": "none", "functions": [], "function_call": "none", "modalities": ["text"],
            "reasoning_effort": "none", "verbosity": "medium", "response_format": {"type": "text"}, "suffix": "",
-           "echo": False, "best_of": 1}
+           "best_of": 1}
 IGNORED = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"}, "store": True, "service_tier": "auto",
            "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"},
            "parallel_tool_calls": False}

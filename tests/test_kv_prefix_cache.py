@@ -59,6 +59,22 @@ def test_prefix_shared_between_live_sequences():
     a.check_invariants()
 
 
+def test_without_use_cache_every_position_is_fresh_and_the_cache_stays_whole():
+    """A sequence that wants every prompt row (prompt logprobs) takes no hit; committing its copy of
+    a cached prefix keeps the cached blocks (an in-use duplicate stays uncached), and a later
+    sequence still hits them."""
+    a = KVBlockAllocator(16, 4)
+    committed(a, 1, list(range(10)))
+    t1 = a.block_table(1)
+    assert a.can_allocate(list(range(10)), use_cache=False)
+    assert a.allocate(2, list(range(10)), use_cache=False) == 0
+    t2 = a.block_table(2)
+    assert not set(t2) & set(t1) and a.prefix_hits == 0
+    a.commit(2, list(range(10)), 10)
+    assert a.num_cached_blocks == 2 and a.allocate(3, list(range(10))) == 8 and a.block_table(3)[:2] == t1[:2]
+    a.check_invariants()
+
+
 def test_prefix_reused_after_free_from_free_list():
     a = KVBlockAllocator(6, 4)
     committed(a, 1, list(range(10)))

@@ -225,6 +225,50 @@ def test_a_list_of_prompts_gets_n_choices_each_in_prompt_order(app):
     assert body["param"] == "prompt" and body["message"].startswith("prompt[1]: ")
 
 
+def test_echo_returns_the_prompt_and_its_logprobs(app):
+    """Completions' echo as evaluation harnesses use it (prompts as token ids, logprobs, max_tokens 0
+    or a few): the prompt's text and every prompt token's logprob (the first null) before the choice's
+    own, the same output tokens as without echo, streamed or not."""
+    ids = [504, 314, 253, 1382, 30]
+
+    async def fn(client):
+        plain = await client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2)
+        echo = await client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2,
+                                               echo=True)
+        text_only = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0,
+                                                    echo=True)
+        scores = await client.completions.create(model=MODEL, prompt=[ids, ids[:3]], max_tokens=0, logprobs=1,
+                                                 echo=True, temperature=0)
+        stream = await client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2,
+                                                 echo=True, stream=True)
+        return plain, echo, text_only, scores, [c async for c in stream]
+
+    plain, echo, text_only, scores, chunks = _call(app, fn)
+    choice, lp = echo.choices[0], echo.choices[0].logprobs
+    assert choice.text.endswith(plain.choices[0].text) and len(choice.text) > len(plain.choices[0].text)
+    assert len(lp.tokens) == len(ids) + 3 and lp.tokens[len(ids):] == plain.choices[0].logprobs.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.token_logprobs[len(ids):] == plain.choices[0].logprobs.token_logprobs
+    assert all(lp.token_logprobs[i] in lp.top_logprobs[i].values() for i in range(1, len(lp.tokens)))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert text_only.choices[0].text.startswith("The sky is") and text_only.choices[0].logprobs is None
+    assert [c.text for c in scores.choices] == [choice.text[:len(c.text)] for c in scores.choices]
+    assert [len(c.logprobs.tokens) for c in scores.choices] == [len(ids), 3]
+    assert scores.choices[0].logprobs.token_logprobs == lp.token_logprobs[:len(ids)]
+    assert scores.usage.completion_tokens == 0 and scores.usage.prompt_tokens == len(ids) + 3
+    assert {c.finish_reason for c in scores.choices} == {"length"}
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert sum((c.choices[0].logprobs.tokens for c in chunks if c.choices[0].logprobs), []) == lp.tokens
+
+    def bad(**kw):
+        with pytest.raises(openai.BadRequestError) as e:
+            _call(app, lambda c: c.completions.create(model=MODEL, prompt="x", **kw))
+        return e.value.body
+    assert bad(max_tokens=0, echo=True, stream=True)["param"] == "max_tokens"
+    assert bad(max_tokens=0)["message"].startswith("max_tokens=0")
+
+
 def test_prompt_and_max_tokens_over_the_context_is_a_400_naming_the_numbers(app):
     prompt = list(range(1000, 1200))  # 200 tokens of a 256-token context
 

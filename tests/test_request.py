@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
     ("max_tokens", 7), ("temperature", 0.5), ("top_p", 0.9), ("top_k", 3), ("min_p", 0.1), ("seed", 11),
     ("stop", ("a", "b")),
     ("ignore_eos", True), ("spec_tokens", 0), ("logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
-    ("repetition_penalty", 1.2), ("logit_bias", ((3, -1.0),)), ("min_tokens", 4),
+    ("repetition_penalty", 1.2), ("logit_bias", ((3, -1.0),)), ("min_tokens", 4), ("prompt_logprobs", 2),
 ])
 def test_each_sampling_field_reaches_sampling_params(name, value):
     params = sampling_params({name: value}, default_max_tokens=99)

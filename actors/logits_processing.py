@@ -9,7 +9,7 @@ drafts against these processed distributions (greedy argmax, speculative samplin
 race), so the output is exactly what plain decoding with the same processing gives: lossless.
 
 Definitions (as OpenAI and vLLM, in vLLM's order): ``logit_bias`` adds to each listed token's
-logit; ``min_tokens`` masks the EOS tokens until that many tokens are generated; then
+logit; ``min_tokens`` masks the EOS tokens (and ``stop_token_ids``) until that many tokens are generated; then
 ``repetition_penalty`` r divides a positive logit by r and multiplies a negative one by r for every
 token seen in the prompt or generated so far; then ``frequency_penalty`` subtracts itself times
 the token's count among the generated tokens and ``presence_penalty`` once for a token generated
@@ -64,7 +64,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
     if params.min_tokens:
         depths = torch.tensor(node_depths(parents), device=device)
         early = (len(output_ids) + depths) < params.min_tokens  # [n]: the next token would come too soon
-        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        eos = torch.tensor(sorted(set(eos_ids) | set(params.stop_token_ids)), dtype=torch.long, device=device)
         if early.any() and len(eos):
             out[early.nonzero().unsqueeze(1), eos.unsqueeze(0)] = float("-inf")
     if params.repetition_penalty == 1.0 and not params.presence_penalty and not params.frequency_penalty:
@@ -94,7 +94,7 @@ def reference_process(logits: torch.Tensor, params: SamplingParams, prompt_ids: 
     for t, b in params.logit_bias:
         out[t] += b
     if len(generated) < params.min_tokens:
-        for t in eos_ids:
+        for t in set(eos_ids) | set(params.stop_token_ids):
             out[t] = float("-inf")
     seen = set(prompt_ids) | set(generated)
     for t in range(len(out)):

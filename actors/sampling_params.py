@@ -20,6 +20,9 @@ class SamplingParams(BaseModel):
     seed: int | None = None
     max_tokens: int = Field(64, ge=1)  # generation also stops where the context ends (see LLMEngine.add_request)
     stop: tuple[str, ...] = ()
+    # vLLM's stop_token_ids: generating one of these ends the request ("stop"); the token is in the
+    # output ids, not in the text; min_tokens holds them back as it holds EOS
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     # Speculation override for this request: None = engine policy, 0 = off, K = chain length.
     spec_tokens: int | None = Field(None, ge=0)
@@ -46,6 +49,15 @@ class SamplingParams(BaseModel):
         if isinstance(v, str):
             return (v,)
         return tuple(v)
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids(cls, v):
+        if v is None:
+            return ()
+        if not isinstance(v, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in v):
+            raise ValueError("must be a list of token ids (non-negative integers)")
+        return tuple(sorted(set(v)))
 
     @field_validator("logit_bias", mode="before")
     @classmethod

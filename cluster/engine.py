@@ -378,7 +378,7 @@ class LLMEngine:
             seq.token_ids.append(int(tok))
             if seq.first_token_time is None:
                 seq.first_token_time = _now()
-            if int(tok) in self.eos_ids and not seq.params.ignore_eos:
+            if (int(tok) in self.eos_ids and not seq.params.ignore_eos) or int(tok) in seq.params.stop_token_ids:
                 return self._mark_finished(seq, "stop")
             if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
                 return self._mark_finished(seq, "length")

@@ -56,7 +56,10 @@ class Detokenizer:
         self.tokenizer = tokenizer
 
     def text_of(self, seq: Sequence) -> str:
-        return self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        ids = seq.output_ids
+        if seq.is_finished and ids and ids[-1] in seq.params.stop_token_ids:  # a stop token ends, unseen
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def find_stop(self, seq: Sequence, text: str) -> int | None:
         """Index where the earliest stop string starts in ``text``, or None."""

@@ -51,11 +51,12 @@ class PromptEncoder:
 
     @staticmethod
     def check_params(params, vocab_size: int) -> None:
-        """Token ids inside the sampling parameters (``logit_bias``) are in the vocabulary."""
-        bad = [t for t, _ in params.logit_bias if t >= vocab_size]
-        if bad:
-            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
-                               "logit_bias")
+        """Token ids inside the sampling parameters (``logit_bias``, ``stop_token_ids``) are in the
+        vocabulary."""
+        for field, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise RequestError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})", field)
 
 
 def eos_ids(model_config, tokenizer) -> set[int]:

@@ -41,6 +41,7 @@ class BatchLine(BaseModel):
     min_p: StrictFloat | None = None
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     spec_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
 

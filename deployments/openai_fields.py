@@ -110,6 +110,8 @@ FIELDS: tuple[FieldPolicy, ...] = (
     FieldPolicy("repetition_penalty", IMPL, True, True, "extension (vLLM): > 0, 1 = off; prompt and output tokens"),
     FieldPolicy("logit_bias", IMPL, True, True, "{token id: -100 to 100}"),
     FieldPolicy("min_tokens", IMPL, True, True, "extension (vLLM): EOS masked until this many tokens (a stop string still ends the text)"),
+    FieldPolicy("stop_token_ids", IMPL, True, True,
+                "extension (vLLM): token ids that end the choice (in its token ids, not its text)"),
     FieldPolicy("ignore_eos", IMPL, True, True, "extension (vLLM)"),
     FieldPolicy("logprobs", IMPL, True, True, "chat: true/false; completions: 0 to 20 alternatives"),
     FieldPolicy("top_logprobs", IMPL, True, False, "0 to 20, with logprobs: true"),

@@ -21,7 +21,7 @@ from tests.toy_lm import N_TOKENS, P_FAIL, P_PASS, ROOT, TARGET, V, sampled_tree
 
 EOS = 2
 PENALISED = SamplingParams(presence_penalty=0.7, frequency_penalty=0.9, repetition_penalty=1.6,
-                           logit_bias={5: 3.0, 9: -2.0}, min_tokens=3, max_tokens=64)
+                           logit_bias={5: 3.0, 9: -2.0}, min_tokens=3, max_tokens=64, stop_token_ids=[13])
 
 
 def _random_tree(vocab: int, n: int, seed: int) -> TokenTree:
@@ -166,6 +166,22 @@ def test_min_tokens_holds_eos_back_also_in_drafts(tiny_target_dir, tiny_prompts)
         assert EOS not in out.token_ids[:-1]
 
 
+@pytest.mark.parametrize("spec", [dict(), dict(draft="draft", k=4)], ids=["plain", "self-draft-chain"])
+def test_stop_token_ids_end_the_request_and_min_tokens_holds_them_back(spec, tiny_target_dir, tiny_prompts):
+    """vLLM's stop_token_ids: the first generated one ends the choice with "stop" (kept in its ids, not
+    in its text), whether it came from plain decoding or an accepted draft; min_tokens masks them."""
+    eng = tiny_engine(tiny_target_dir, draft_dir=tiny_target_dir, **spec)
+    base = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    stop = base.token_ids[4]
+    cut = base.token_ids.index(stop) + 1
+    out = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[stop]))[0]
+    assert out.token_ids == base.token_ids[:cut] and out.finish_reason == "stop"
+    assert out.text == eng.tokenizer.decode(base.token_ids[:cut - 1], skip_special_tokens=True)
+    held = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[stop],
+                                                         min_tokens=cut + 2))[0]
+    assert stop not in held.token_ids[:cut + 2] and len(held.token_ids) > cut
+
+
 def test_engine_checks_logit_bias_ids_and_fit_max_tokens(tiny_target_dir):
     from cluster.request import RequestError
 
@@ -173,6 +189,9 @@ def test_engine_checks_logit_bias_ids_and_fit_max_tokens(tiny_target_dir):
     with pytest.raises(RequestError, match=r"logit_bias: token id 256 is outside the vocabulary \[0, 256\)") as e:
         eng.add_request("a", [5, 6], SamplingParams(logit_bias={256: 1}))
     assert e.value.field == "logit_bias"
+    with pytest.raises(RequestError, match=r"stop_token_ids: token id 300 is outside the vocabulary") as e:
+        eng.add_request("a", [5, 6], SamplingParams(stop_token_ids=[3, 300]))
+    assert e.value.field == "stop_token_ids"
     with pytest.raises(ValueError, match=r"prompt has 20 tokens and max_tokens=13: 33 tokens, more than the "
                                          r"model's context of 32 tokens; ask for at most max_tokens=12"):
         eng.add_request("b", list(range(3, 23)), SamplingParams(max_tokens=13), fit_max_tokens=True)

@@ -175,6 +175,18 @@ def test_extensions_and_penalties_through_the_client(app):
     out = _call(app, biased)
     assert out.choices[0].model_extra["token_ids"] == [28, 28, 28, 28]
 
+    async def stop_ids(client):
+        full = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0,
+                                               extra_body={"return_token_ids": True})
+        ids = full.choices[0].model_extra["token_ids"]
+        cut = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0,
+                                              extra_body={"return_token_ids": True, "stop_token_ids": [ids[2]]})
+        return full, ids, cut
+    full, ids, cut = _call(app, stop_ids)
+    assert cut.choices[0].model_extra["token_ids"] == ids[:ids.index(ids[2]) + 1]
+    assert cut.choices[0].finish_reason == "stop" and full.choices[0].text.startswith(cut.choices[0].text)
+    assert len(cut.choices[0].text) < len(full.choices[0].text)
+
     async def min_p(client):  # min_p 1 keeps only the most probable token: sampling gives the greedy answer
         greedy = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0)
         sampled = [await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=1.0,

@@ -20,6 +20,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
     ("stop", ("a", "b")),
     ("ignore_eos", True), ("spec_tokens", 0), ("logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
     ("repetition_penalty", 1.2), ("logit_bias", ((3, -1.0),)), ("min_tokens", 4), ("prompt_logprobs", 2),
+    ("stop_token_ids", (3, 9)),
 ])
 def test_each_sampling_field_reaches_sampling_params(name, value):
     params = sampling_params({name: value}, default_max_tokens=99)
@@ -41,6 +42,7 @@ def test_not_given_means_default_and_other_keys_are_ignored():
     ("top_p", 1.5, "top_p=1.5: Input should be less than or equal to 1"),
     ("top_k", -1, "top_k=-1: Input should be greater than or equal to 0"),
     ("min_p", 1.5, "min_p=1.5: Input should be less than or equal to 1"),
+    ("stop_token_ids", [5, -1], "stop_token_ids=[5, -1]: must be a list of token ids (non-negative integers)"),
     ("seed", "x", "seed='x': Input should be a valid integer"),
     ("stop", ["a", 1], "stop.1=1: Input should be a valid string"),
     ("ignore_eos", "maybe", "ignore_eos='maybe': Input should be a valid boolean"),

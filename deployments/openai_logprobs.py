@@ -39,14 +39,18 @@ class LogprobFormatter:
                 "top_logprobs": tops, "text_offset": offsets}
         return body, offset
 
-    def prompt(self, token_ids: list[int], entries: list[TokenLogprob]) -> tuple[dict, int]:
-        """The completions ``logprobs`` object of an echoed prompt: every prompt token, the first
-        with a null logprob and null alternatives (no row predicts it), then ``entries`` (one per
-        later token); also the text offset after the prompt."""
-        rest, offset = self.completion(entries, len(self.token(token_ids[0])))
-        first = {"tokens": [self.token(token_ids[0])], "token_logprobs": [None], "top_logprobs": [None],
-                 "text_offset": [0]}
-        return merge_completion_logprobs(first, rest), offset
+    def echoed(self, prompt_ids: list[int], prompt_entries: list[TokenLogprob],
+               entries: list[TokenLogprob]) -> tuple[dict, int]:
+        """The completions ``logprobs`` object of an echoed choice: every prompt token, the first with
+        a null logprob and null alternatives (no row predicts it), ``prompt_entries`` for the others,
+        then ``entries`` (the choice's own tokens so far); also the text offset after them."""
+        first = self.token(prompt_ids[0])
+        body = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
+        offset = len(first)
+        for part in (prompt_entries, entries):
+            more, offset = self.completion(part, offset)
+            body = {key: body[key] + more[key] for key in body}
+        return body, offset
 
     def chat(self, entries: list[TokenLogprob]) -> dict:
         return {"content": [{**self._item(e.token_id, e.logprob),
@@ -56,11 +60,6 @@ class LogprobFormatter:
     def _item(self, token_id: int, logprob: float) -> dict:
         text = self.token(token_id)
         return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8"))}
-
-
-def merge_completion_logprobs(a: dict, b: dict) -> dict:
-    """Two consecutive completions ``logprobs`` objects as one (the echoed prompt's, then the output's)."""
-    return {key: a[key] + b[key] for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
 
 
 def _value(logprob: float) -> float:

@@ -24,7 +24,7 @@ from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
                                     finish_reason_of, model_card, models_response, new_id, prompt_heads, running_usage,
                                     stream_chunk, usage_chunk)
-from deployments.openai_logprobs import LogprobFormatter, merge_completion_logprobs
+from deployments.openai_logprobs import LogprobFormatter
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -49,10 +49,13 @@ class OpenAIServer:
 
     def model(self, name: str) -> dict:
         """One model's card (the SDK's ``models.retrieve``); APIError 404 naming an unknown one."""
+        self._check_model(name)
+        return model_card(self.model_name, self.created)
+
+    def _check_model(self, name: str) -> None:
         if name != self.model_name:
             raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        return model_card(self.model_name, self.created)
 
     def begin_drain(self) -> None:
         """From now on new requests get 503; requests in flight run to their end."""
@@ -86,9 +89,8 @@ class OpenAIServer:
         """Check the request, admit it and start one engine stream per choice: what both protocols
         share. The caller answers from the Generation's outputs and must ``aclose()`` it."""
         self.check_available()
-        if req.model is not None and req.model != self.model_name:
-            raise APIError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+        if req.model is not None:
+            self._check_model(req.model)
         prompts, params = req.to_engine(self.max_model_len)
         field = "messages" if chat else "prompt"
         pairs = [(prompt, p) for prompt in prompts for p in params]
@@ -141,8 +143,7 @@ class OpenAIServer:
         ``entries`` (its output tokens'); None when the request asked for none."""
         if entries is None:
             return None
-        body, offset = self.logprobs.prompt(first.prompt_token_ids, first.prompt_logprobs)
-        return merge_completion_logprobs(body, self.logprobs.completion(entries, offset)[0])
+        return self.logprobs.echoed(first.prompt_token_ids, first.prompt_logprobs, entries)[0]
 
     async def _events(self, gen: Generation, req: SamplingRequest, chat: bool) -> AsyncIterator[str]:
         chunk = dict(rid=gen.rid, model=self.model_name, chat=chat, created=int(time.time()))
@@ -175,9 +176,8 @@ class OpenAIServer:
                     elif echo is not None and echo[i] is not None:  # a choice's first chunk: the prompt first
                         text, echo[i] = echo[i] + text, None
                         if out.delta_logprobs is not None:
-                            prompt, offsets[i] = self.logprobs.prompt(out.prompt_token_ids, out.prompt_logprobs)
-                            lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
-                            lp = merge_completion_logprobs(prompt, lp)
+                            lp, offsets[i] = self.logprobs.echoed(out.prompt_token_ids, out.prompt_logprobs,
+                                                                  out.delta_logprobs)
                     elif out.delta_logprobs:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
                     if text or out.finished or ids or lp:

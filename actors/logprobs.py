@@ -3,7 +3,9 @@
 The raw distribution is log_softmax of the target logits row that predicted the token, before
 temperature, top-k or top-p (what OpenAI and vLLM report). With speculation, an accepted draft
 token was predicted by its parent node's row and the bonus/recovered token by the last accepted
-node's row, so the figures equal plain decoding's. Only requests that ask pay for it.
+node's row, so the figures equal plain decoding's. A prompt's logprobs (``prompt_logprobs``, the
+completions API's echo) come from the rows of its prefill chunks, computed in the same forward.
+Only requests that ask pay for it.
 """
 from __future__ import annotations
 
@@ -48,3 +50,35 @@ def record_logprobs(seq: Sequence, logits: torch.Tensor, rows: Seq[int], tokens:
         return
     index = torch.tensor(list(rows[:kept]), dtype=torch.long, device=logits.device)
     seq.logprobs.extend(token_logprobs(logits.index_select(0, index), tokens[:kept], seq.params.logprobs))
+
+
+def prompt_logprob_rows(scheduled, chunks) -> tuple[list[int], list[tuple[Sequence, list[int]]]]:
+    """The rows of a step's prefill chunks whose logits give prompt logprobs (requests with
+    ``prompt_logprobs``; ``scheduled``: the step's ScheduledSeqs, ``chunks``: their SeqChunks, in
+    order): the row of prompt position p predicts token p + 1, for p < prompt length - 1 and not yet
+    recorded (a recompute after preemption records nothing twice). Returns the flat token indices
+    and, per sequence, the prompt tokens they score."""
+    rows, wants, start = [], [], 0
+    for s, chunk in zip(scheduled, chunks):
+        seq = s.seq
+        if not s.is_decode and seq.prompt_logprobs is not None:
+            nc = seq.num_computed
+            first = max(nc, len(seq.prompt_logprobs))
+            last = min(nc + s.num_query, seq.num_prompt_tokens - 1)
+            if first == len(seq.prompt_logprobs) and first < last:
+                rows += range(start + first - nc, start + last - nc)
+                wants.append((seq, seq.token_ids[first + 1:last + 1]))
+        start += len(chunk.token_ids)
+    return rows, wants
+
+
+def record_prompt_logprobs(wants: list[tuple[Sequence, list[int]]], logits: torch.Tensor,
+                           num_rows: int) -> torch.Tensor:
+    """Extend each sequence's prompt logprobs (``prompt_logprob_rows``' wants) from the rows after the
+    first ``num_rows`` of logits [num_rows + extra, V]; returns the first ``num_rows`` (what
+    verification reads)."""
+    at = num_rows
+    for seq, tokens in wants:
+        seq.prompt_logprobs.extend(token_logprobs(logits[at:at + len(tokens)], tokens, seq.params.prompt_logprobs))
+        at += len(tokens)
+    return logits[:num_rows]

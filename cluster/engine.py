@@ -14,7 +14,7 @@ from time import perf_counter as _now
 import torch
 
 from actors.kv_service import KVService, KVServiceLost
-from actors.logprobs import record_logprobs, token_logprobs
+from actors.logprobs import prompt_logprob_rows, record_logprobs, record_prompt_logprobs
 from actors.model.attention_backends import set_attention_backend
 from actors.proposers.base import Proposer, ProposerContext
 from actors.sampling import sample_next
@@ -223,7 +223,7 @@ class LLMEngine:
         t1 = _now()
         drafted = self.drafting.drafted_sources(part, trees)  # before tokens are appended
         chunks, rows, spans = self._plan_forward(part, trees)
-        prompt_rows, prompt_wants = self._prompt_logprob_rows(part, chunks)
+        prompt_rows, prompt_wants = prompt_logprob_rows(part, chunks)
         self.clock.lap("plan")
         try:
             logits, hidden = self._forward(chunks, rows + prompt_rows)
@@ -237,7 +237,7 @@ class LLMEngine:
         self.clock.lap("forward")
         computed = {s.seq.seq_id: s.seq.num_computed for s in part}
         if prompt_rows:
-            logits = self._record_prompt_logprobs(prompt_wants, logits, len(rows))
+            logits = record_prompt_logprobs(prompt_wants, logits, len(rows))
         self._verify_and_commit(part, trees, spans, logits)
         self.clock.lap("verify")
         if hidden is not None:
@@ -302,37 +302,6 @@ class LLMEngine:
             rows += need
             n += len(ids)
         return chunks, rows, spans
-
-    @staticmethod
-    def _prompt_logprob_rows(scheduled, chunks) -> tuple[list[int], list[tuple[Sequence, list[int]]]]:
-        """The rows of this step's prefill chunks whose logits give prompt logprobs (requests with
-        ``prompt_logprobs``): the row of prompt position p predicts token p + 1, for p < prompt
-        length - 1 and not yet recorded (a recompute after preemption records nothing twice).
-        Returns the flat token indices and, per sequence, the prompt tokens they score."""
-        rows, wants, start = [], [], 0
-        for s, chunk in zip(scheduled, chunks):
-            seq = s.seq
-            if not s.is_decode and seq.prompt_logprobs is not None:
-                nc = seq.num_computed
-                first = max(nc, len(seq.prompt_logprobs))
-                last = min(nc + s.num_query, seq.num_prompt_tokens - 1)
-                if first == len(seq.prompt_logprobs) and first < last:
-                    rows += range(start + first - nc, start + last - nc)
-                    wants.append((seq, seq.token_ids[first + 1:last + 1]))
-            start += len(chunk.token_ids)
-        return rows, wants
-
-    @staticmethod
-    def _record_prompt_logprobs(wants: list[tuple[Sequence, list[int]]], logits: torch.Tensor,
-                                num_rows: int) -> torch.Tensor:
-        """Extend each sequence's prompt logprobs from the extra rows after the first ``num_rows`` of
-        ``logits`` [num_rows + extra, V]; returns the first ``num_rows`` (what verification reads)."""
-        at = num_rows
-        for seq, tokens in wants:
-            seq.prompt_logprobs.extend(token_logprobs(logits[at:at + len(tokens)], tokens,
-                                                      seq.params.prompt_logprobs))
-            at += len(tokens)
-        return logits[:num_rows]
 
     def _verify_and_commit(self, scheduled, trees, spans, raw: torch.Tensor) -> None:
         """raw: [M, V] target logits of _plan_forward's rows. Verify (against the processed logits),

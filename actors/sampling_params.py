@@ -32,6 +32,10 @@ class SamplingParams(BaseModel):
     # The same for every prompt token after the first (vLLM's prompt_logprobs; the completions API's
     # echo): each prompt row's logits are computed, so the prompt is not served from the prefix cache.
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # SGLang's return_hidden_states: the final output carries the target's final-normed hidden state
+    # of every position but the last (what a draft head is trained on); like prompt_logprobs, every
+    # prompt row is computed (no prefix-cache hits). Engine API only: not offered over HTTP.
+    return_hidden_states: bool = False
     # Logits processing (actors.logits_processing), applied to the target's logits of every tree node
     # given that node's own path, so speculation stays lossless. Neutral values cost nothing.
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI: minus this once per token generated")

@@ -103,7 +103,7 @@ class BatchScheduler:
         running = [KVEntry(s.seq_id, s.num_computed, s.num_tokens,
                            spec_budgets.get(s.seq_id, 0) if s.num_uncomputed == 1 else 0) for s in self.running]
         room = max(0, self.max_num_seqs - len(self.running))
-        waiting = [KVEntry(s.seq_id, 0, s.num_tokens, 0, s.token_ids, use_cache=s.prompt_logprobs is None)
+        waiting = [KVEntry(s.seq_id, 0, s.num_tokens, 0, s.token_ids, use_cache=not s.computes_every_prompt_row)
                    for s in list(self.waiting)[:room]]
         plan = self.kv.plan(running, waiting, self.max_num_seqs, self.max_num_batched_tokens)
         by_id = {s.seq_id: s for s in self.running}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.hidden_states import HiddenRecord
 from actors.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -57,6 +58,7 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
         "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs", "prompt_logprobs",
+        "hidden_states",
         "num_cached_tokens", "num_host_cached_tokens", "num_disk_cached_tokens", "num_shared_cached_tokens",
     )
 
@@ -86,6 +88,8 @@ class Sequence:
         # params.prompt_logprobs set: one TokenLogprob per prompt token after the first (entry i is
         # token i + 1's, from the row of position i), filled as the prompt is prefilled; else None
         self.prompt_logprobs: list | None = None if params.prompt_logprobs is None else []
+        # params.return_hidden_states: the hidden rows of every committed position, else None
+        self.hidden_states: HiddenRecord | None = HiddenRecord() if params.return_hidden_states else None
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +102,12 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def computes_every_prompt_row(self) -> bool:
+        """The request reads a row of every prompt position (prompt logprobs, hidden states), so its
+        prompt is computed whole, not served from the prefix cache."""
+        return self.prompt_logprobs is not None or self.hidden_states is not None
 
     @property
     def num_uncomputed(self) -> int:

@@ -23,6 +23,7 @@ from time import perf_counter
 
 import torch
 
+from actors.hidden_states import committed_features
 from actors.proposers.base import DraftRequest, Proposer
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
@@ -204,23 +205,8 @@ class DraftPlanner:
         of the step's tokens, in ``chunks`` order. A prefill chunk commits all its rows; a decode step
         commits the root and the accepted path, found by walking the tree along the committed tokens
         (equal-token siblings share a path, so their features are equal)."""
-        start = 0
-        for s, chunk in zip(part, chunks):
-            seq, n0 = s.seq, computed[s.seq.seq_id]
-            n1 = seq.num_computed
-            if not seq.is_finished and n1 > n0:
-                rows = list(range(n1 - n0))  # a prefill chunk, a plain decode step, a chain's accepted path
-                tree = trees.get(seq.seq_id) if s.is_decode else None
-                if tree is not None and n1 - n0 > 1:
-                    kids, rows = tree.child_lists(), [0]
-                    for tok in seq.token_ids[n0 + 1: n1]:
-                        rows.append(next(c for c in kids[rows[-1]] if tree.tokens[c] == tok))
-                if rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: a view, not an index op
-                    feats = hidden[start + rows[0]: start + rows[-1] + 1]
-                else:
-                    feats = hidden[start + torch.tensor(rows)]
-                self.proposer.observe(seq.seq_id, n0, feats)
-            start += len(chunk.token_ids)
+        for seq, n0, feats in committed_features(part, chunks, trees, computed, hidden):
+            self.proposer.observe(seq.seq_id, n0, feats)
 
     def measure(self, part: list[ScheduledSeq], trees: dict[int, TokenTree], computed: dict[int, int],
                 seconds: float) -> StepYield:

@@ -13,6 +13,7 @@ from time import perf_counter as _now
 
 import torch
 
+from actors.hidden_states import record_hidden_states
 from actors.kv_service import KVService, KVServiceLost
 from actors.logprobs import prompt_logprob_rows, record_logprobs, record_prompt_logprobs
 from actors.model.attention_backends import set_attention_backend
@@ -149,6 +150,9 @@ class LLMEngine:
         self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size,
                                   params.max_tokens if fit_max_tokens else None)
         self.prompts.check_params(params, self.model_config.vocab_size)
+        if params.return_hidden_states and not hasattr(self.verifier, "forward_logits_and_hidden"):
+            raise ValueError(f"return_hidden_states: the verifier {type(self.verifier).__name__} returns no hidden "
+                             "states (it needs the in-process verifier)")
         seq = Sequence(request_id, ids, params)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -224,9 +228,10 @@ class LLMEngine:
         drafted = self.drafting.drafted_sources(part, trees)  # before tokens are appended
         chunks, rows, spans = self._plan_forward(part, trees)
         prompt_rows, prompt_wants = prompt_logprob_rows(part, chunks)
+        recording = any(s.seq.hidden_states is not None for s in part)
         self.clock.lap("plan")
         try:
-            logits, hidden = self._forward(chunks, rows + prompt_rows)
+            logits, hidden = self._forward(chunks, rows + prompt_rows, recording)
         except Exception as e:  # nothing lost: re-queue on a restarted verifier, else a clear error
             log.exception("target forward failed")
             if self._restart_verifier():
@@ -241,7 +246,10 @@ class LLMEngine:
         self._verify_and_commit(part, trees, spans, logits)
         self.clock.lap("verify")
         if hidden is not None:
-            self.drafting.observe_features(part, chunks, trees, computed, hidden)
+            if recording:
+                record_hidden_states(part, chunks, trees, computed, hidden)
+            if self.drafting.needs_hidden:
+                self.drafting.observe_features(part, chunks, trees, computed, hidden)
         verify_s = _now() - t1
         if self.swap is not None and not any(s.is_decode for s in part):  # what prefill costs
             self.swap.observe_prefill(sum(s.num_query for s in part), verify_s)
@@ -252,10 +260,11 @@ class LLMEngine:
         self.clock.lap("bookkeeping")
         return True
 
-    def _forward(self, chunks: list[SeqChunk], rows: list[int]):
+    def _forward(self, chunks: list[SeqChunk], rows: list[int], recording: bool = False):
         """(logits [len(rows), V], hidden [N, H] of every token or None): hidden states only for a
-        proposer that reads the target's features (EAGLE)."""
-        if self.drafting.needs_hidden:
+        proposer that reads the target's features (EAGLE) or ``recording`` requests
+        (``return_hidden_states``)."""
+        if self.drafting.needs_hidden or recording:
             return self.verifier.forward_logits_and_hidden(chunks, rows)
         return self.verifier.forward_logits(chunks, rows), None
 

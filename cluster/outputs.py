@@ -36,11 +36,16 @@ class RequestOutput:
     # and one TokenLogprob per prompt token after the first (the first has no row that predicts it)
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list | None = None
+    # Requests with return_hidden_states, on their final output when it ends with "stop" or "length":
+    # [prompt + output tokens - 1, H] the target's final-normed hidden state of every position but
+    # the last (row t is what the target predicted token t + 1 from); a tensor, not in to_dict
+    hidden_states: object = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         for delta in ("delta_text", "delta_token_ids", "delta_logprobs"):
             d.pop(delta)
+        d.pop("hidden_states")  # a tensor: the engine API's, not the wire's
         for key in ("prompt_token_ids", "prompt_logprobs"):  # only requests that asked carry them
             if d[key] is None:
                 d.pop(key)
@@ -107,7 +112,16 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         num_disk_cached_tokens=seq.num_disk_cached_tokens,
         num_shared_cached_tokens=seq.num_shared_cached_tokens,
         **(_prompt_fields(seq) if seq.prompt_logprobs is not None and (prev_tokens == 0 or seq.is_finished) else {}),
+        hidden_states=_hidden_states(seq),
     )
+
+
+def _hidden_states(seq: Sequence):
+    """[num_tokens - 1, H] of a request that asked and ended normally (an aborted one may not have
+    computed every position), else None."""
+    if seq.hidden_states is None or not seq.is_finished or seq.finish_reason not in ("stop", "length"):
+        return None
+    return seq.hidden_states.gather(seq.num_tokens - 1)
 
 
 def _prompt_fields(seq: Sequence) -> dict:

@@ -1,14 +1,17 @@
 """Self-distillation data for the EAGLE head, in two cached stages under one directory.
 
 1. ``generate_responses``: the target answers the prompt mix through the engine at high batch
-   (greedy, and a ``SampledShare`` sampled), streaming finished answers into ``responses/shard-*.jsonl``.
+   (greedy, and a ``SampledShare`` sampled), streaming finished answers into ``responses/shard-*.jsonl``
+   and, from the hidden states the generating forwards computed (``return_hidden_states``), their
+   features into ``features/shard-*.pt``: no second pass over them (``recorded_features``).
    Re-running skips prompts already answered, so a crash loses at most one shard.
    ``write_offline_shards`` adds offline conversations (training/offline_text.py) as
    ``responses/text-*.jsonl`` in the same format, without generating anything.
 2. ``extract_features``: one teacher-forced target forward per conversation gives the features
    f_t (final-normed hidden states, the head's input and regression target) and the target's
    greedy next token at every position; saved per response shard as ``features/*.pt``
-   (the target's answers first, then offline text, until its deadline).
+   (the target's answers first, then offline text, until its deadline), for the shards that have
+   none: offline text, magpie conversations, answers of another backend or of a crashed run.
 """
 from __future__ import annotations
 
@@ -74,40 +77,78 @@ SAMPLED = SampledShare()  # the recipe's default: a quarter of the answers sampl
 GREEDY = SampledShare(frac=0.0)
 
 
-def _params_for(index: int, seed: int, max_tokens: int, share: SampledShare = SAMPLED):
+def _params_for(index: int, seed: int, max_tokens: int, share: SampledShare = SAMPLED, record: bool = False):
     from actors.sampling_params import SamplingParams
 
     if share.is_sampled(index, seed):
-        return SamplingParams(max_tokens=max_tokens, temperature=share.temperature, top_p=share.top_p, seed=index)
-    return SamplingParams(max_tokens=max_tokens)
+        return SamplingParams(max_tokens=max_tokens, temperature=share.temperature, top_p=share.top_p, seed=index,
+                              return_hidden_states=record)
+    return SamplingParams(max_tokens=max_tokens, return_hidden_states=record)
+
+
+def recorded_features(model, prompt_ids: list[int], output_ids: list[int], hidden: torch.Tensor,
+                      device: torch.device, greedy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One answer's example from the hidden states its generation computed (hidden [n - 1, H] of the
+    n = prompt + output tokens, every position but the last, as the engine returns them): (tokens
+    [n - 1] int32, features [n - 1, H] fp16, target_next [n - 1] int32). The last token has no
+    row, so the example ends before it; the row before predicts it, which is the loss's last
+    position either way. target_next is the target's argmax at the positions that predict answer
+    tokens (the only ones training reads) and -1 over the rest of the prompt: a ``greedy`` answer's
+    own tokens (each was its row's argmax), a sampled one's from the logits of its rows."""
+    n, npr = len(prompt_ids) + len(output_ids), len(prompt_ids)
+    if hidden.shape[0] != n - 1:
+        raise ValueError(f"hidden states of {hidden.shape[0]} positions for a conversation of {n} tokens")
+    nxt = torch.full((n - 1,), -1, dtype=torch.int32)
+    if greedy:
+        nxt[npr - 1:] = torch.tensor(output_ids, dtype=torch.int32)
+    else:
+        with torch.inference_mode():
+            nxt[npr - 1:] = model.compute_logits(hidden[npr - 1:].to(device)).argmax(-1).cpu().to(torch.int32)
+    tokens = torch.tensor((prompt_ids + output_ids)[:n - 1], dtype=torch.int32)
+    return tokens, hidden.to(torch.float16), nxt
+
+
+def _save_features(path: Path, examples: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                   num_prompt: list[int]) -> None:
+    """A features shard: (tokens, features, target_next) per conversation and its prompt length."""
+    payload = {"tokens": [e[0] for e in examples], "features": [e[1] for e in examples],
+               "target_next": [e[2] for e in examples], "num_prompt_tokens": num_prompt}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, lambda p: torch.save(payload, p))
 
 
 def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, concurrency: int = 48,
                        shard_size: int = 32, max_tokens: int = 160, share: SampledShare = SAMPLED,
-                       seed: int = 0) -> int:
+                       seed: int = 0, record: bool = True) -> int:
     """Answer ``prompts`` (chat messages) until done or ``time.time() > deadline``; returns the
-    number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch)."""
+    number of answers on disk. Keeps ``concurrency`` requests in flight (one continuous batch).
+    ``record``: each shard's features from the generating forwards too (``recorded_features``;
+    the features stage then has nothing left to do for these answers)."""
     resp_dir = out_dir / "responses"
     resp_dir.mkdir(parents=True, exist_ok=True)
     done = _done_indices(resp_dir)
     todo = [i for i in range(len(prompts)) if i not in done]
     shard_no = len(list(resp_dir.glob("shard-*.jsonl")))
     buf: list[dict] = []
+    feats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     ids: dict[str, int] = {}
     t0, ntok = time.time(), 0
 
     def flush() -> None:
-        nonlocal shard_no, buf
+        nonlocal shard_no, buf, feats
         if buf:
             text = "".join(json.dumps(r) + "\n" for r in buf)
-            _atomic_write(resp_dir / f"shard-{shard_no:05d}.jsonl", lambda p: p.write_text(text))
-            shard_no, buf = shard_no + 1, []
+            name = f"shard-{shard_no:05d}"
+            _atomic_write(resp_dir / f"{name}.jsonl", lambda p: p.write_text(text))
+            if record:  # after the answers: a crash in between leaves them to the features stage
+                _save_features(out_dir / "features" / f"{name}.pt", feats, [len(r["prompt_ids"]) for r in buf])
+            shard_no, buf, feats = shard_no + 1, [], []
 
     nxt = 0
     while (nxt < len(todo) or ids) and time.time() < deadline:
         while nxt < len(todo) and len(ids) < concurrency:
             i = todo[nxt]
-            params = _params_for(i, seed, max_tokens, share)
+            params = _params_for(i, seed, max_tokens, share, record)
             seq = engine.add_request(f"eagle-{i}", prompts[i], params, chat=True)
             ids[seq.request_id] = i
             nxt += 1
@@ -116,6 +157,9 @@ def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, co
                 i = ids.pop(out.request_id)
                 prompt_ids = engine.prompts.encode(prompts[i], chat=True)
                 buf.append({"index": i, "prompt_ids": prompt_ids, "output_ids": list(out.token_ids)})
+                if record:
+                    feats.append(recorded_features(engine.loaded.model, prompt_ids, buf[-1]["output_ids"],
+                                                   out.hidden_states, engine.device, not share.is_sampled(i, seed)))
                 ntok += out.num_output_tokens
                 if len(buf) >= shard_size:
                     flush()
@@ -224,9 +268,7 @@ def extract_features(model, out_dir: Path, device: torch.device, deadline: float
                 feats.append(f)
                 nexts.append(nx.to(torch.int32))
         ntok += sum(len(c) for c in convs)
-        payload = {"tokens": tokens, "features": feats, "target_next": nexts,
-                   "num_prompt_tokens": [len(r["prompt_ids"]) for r in rows]}
-        _atomic_write(target, lambda p: torch.save(payload, p))
+        _save_features(target, list(zip(tokens, feats, nexts)), [len(r["prompt_ids"]) for r in rows])
         log.info("features: %s (%d tokens so far, %.0f tok/s)", target.name, ntok, ntok / (time.time() - t0))
     return len(list(feat_dir.glob("*.pt")))
 

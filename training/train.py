@@ -3,14 +3,15 @@
     python -m training.train --out /tmp/eagle/run [--model smollm2-135m] [--minutes 60] [--device cuda]
 
 Stages (each cached under --out, so a re-run resumes after a crash):
-1. ``gen``: prompt mix (training.prompt_mix) -> the target's answers via the engine
-   (``--gen-dtype``, default bf16: 1.7x faster than fp32 on the 2-core CPU);
+1. ``gen``: prompt mix (training.prompt_mix) -> the target's answers via the engine, with their
+   features from the engine's own forwards (``--gen-dtype``, default fp32 on the CPU, bf16 on a GPU:
+   the native CPU kernels made fp32 the faster one on the 2-core CPU);
    ``text``: offline conversations (training.offline_text), no generation needed;
    ``magpie`` (not in the default stages): conversations the target writes itself, multi-turn,
    translations both ways, long documents (training.magpie), for ``--magpie-frac`` of the budget;
-2. ``features``: teacher-forced target forward -> features f_t and greedy next tokens, the
-   target's answers first (``--feature-dtype``, default bf16 on CPU: 2.4x faster; its rounding is
-   far below the training noise on the features);
+2. ``features``: teacher-forced target forward -> features f_t and greedy next tokens for the
+   conversations that have none yet (offline text, magpie, the hf backend's answers;
+   ``--feature-dtype``, default as ``--gen-dtype``);
 3. ``train``: fit the head (training.fit), save ``--out/head.safetensors``.
 ``--minutes`` is the whole budget: generation stops at ``--gen-frac`` of it, the magpie stage
 ``--magpie-frac`` later, features ``--feat-frac`` after that, training uses the rest.
@@ -51,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="target: alias, HF dir or .gguf")
     p.add_argument("--device", default="cpu")
     p.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of the whole run")
-    p.add_argument("--gen-frac", type=float, default=0.3, help="share of --minutes for generating answers")
-    p.add_argument("--feat-frac", type=float, default=0.25,
-                   help="share of --minutes for the features pass (~800 tokens/s on 2 CPU cores)")
+    p.add_argument("--gen-frac", type=float, default=0.45,
+                   help="share of --minutes for generating answers (the engine's answers come with their features)")
+    p.add_argument("--feat-frac", type=float, default=0.1,
+                   help="share of --minutes for the features pass over what has none yet: offline text, magpie "
+                        "conversations, the hf backend's answers (~550 tokens/s on 2 CPU cores)")
     p.add_argument("--magpie-frac", type=float, default=0.0,
                    help="share of --minutes for the magpie stage (give it in --stages too)")
     p.add_argument("--magpie-wave", type=int, default=192, help="conversations per magpie wave (one shard each)")
@@ -77,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV cache of the generating engine (raise it with --concurrency on a GPU)")
     p.add_argument("--max-batched-tokens", type=int, default=1024,
                    help="tokens per generation step (prefill chunks; raise it on a GPU)")
-    p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                   help="dtype of the teacher-forced pass")
+    p.add_argument("--gen-dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="auto: float32 on the CPU (faster there than bf16 with the native kernels), bf16 on a GPU")
+    p.add_argument("--feature-dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="dtype of the teacher-forced pass (auto: as --gen-dtype's)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="rows of the head's reduced LM head")
     p.add_argument("--unroll", type=int, default=3, help="draft steps unrolled in training (1 = teacher forcing only)")
     p.add_argument("--init", default="random", type=_init_arg,

@@ -23,6 +23,9 @@ class SamplingParams(BaseModel):
     # vLLM's stop_token_ids: generating one of these ends the request ("stop"); the token is in the
     # output ids, not in the text; min_tokens holds them back as it holds EOS
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's include_stop_str_in_output: the text ends after the stop string (or the stop token's
+    # text) that ended it, instead of before
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     # Speculation override for this request: None = engine policy, 0 = off, K = chain length.
     spec_tokens: int | None = Field(None, ge=0)

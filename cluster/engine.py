@@ -383,8 +383,7 @@ class LLMEngine:
     def _emit(self, seq: Sequence, prev_tokens: int) -> RequestOutput:
         text = self.detok.text_of(seq)
         if seq.is_finished and seq.finish_reason == "stop":
-            cut = self.detok.find_stop(seq, text)
-            text = text if cut is None else text[:cut]
+            text = self.detok.final_text(seq, text)
         out = make_output(seq, text, self.detok.streamable_len(seq, text), prev_tokens)
         if seq.is_finished and self.seqs.pop(seq.request_id, None) is None:
             return out  # already emitted as finished (a failed overlap micro-batch): counted once

@@ -61,15 +61,32 @@ class Detokenizer:
         self.tokenizer = tokenizer
 
     def text_of(self, seq: Sequence) -> str:
+        """The output's text; a stop token that ended it is not in it (unless the request includes
+        stop strings in its output)."""
         ids = seq.output_ids
-        if seq.is_finished and ids and ids[-1] in seq.params.stop_token_ids:  # a stop token ends, unseen
+        stopped = seq.is_finished and ids and ids[-1] in seq.params.stop_token_ids
+        if stopped and not seq.params.include_stop_str_in_output:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def find_stop(self, seq: Sequence, text: str) -> int | None:
         """Index where the earliest stop string starts in ``text``, or None."""
-        hits = [i for i in (text.find(s) for s in seq.params.stop if s) if i >= 0]
+        span = self.stop_span(seq, text)
+        return None if span is None else span[0]
+
+    def stop_span(self, seq: Sequence, text: str) -> tuple[int, int] | None:
+        """(start, end) of the earliest stop string in ``text`` (of those starting there, the
+        shortest: the one that completed first), or None."""
+        hits = [(i, i + len(s)) for i, s in ((text.find(s), s) for s in seq.params.stop if s) if i >= 0]
         return min(hits) if hits else None
+
+    def final_text(self, seq: Sequence, text: str) -> str:
+        """A request that ended at a stop string: its text up to the string (through it, with
+        ``include_stop_str_in_output``)."""
+        span = self.stop_span(seq, text)
+        if span is None:
+            return text
+        return text[:span[1]] if seq.params.include_stop_str_in_output else text[:span[0]]
 
     def streamable_len(self, seq: Sequence, text: str) -> int:
         if seq.is_finished:

@@ -9,8 +9,8 @@ in it, so ``python -m deployments.batch`` finds the project. Paths are the node'
 paths on storage the head node sees. It also runs without Ray: ``python -m deployments.batch ...``.)
 
 Input lines: ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` with optional
-max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, spec_tokens, ignore_eos
-(see batch_input).
+max_tokens, temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, include_stop_str_in_output,
+spec_tokens, ignore_eos (see batch_input).
 Output: one line per input line, in input order (see batch_output); a bad input line gets an
 error line naming the field and value, and the job goes on. Requests run through the in-process
 engine as one continuous batch of at most --concurrency. Rerunning with the same --output resumes:

@@ -42,6 +42,7 @@ class BatchLine(BaseModel):
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool | None = None
     spec_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
 

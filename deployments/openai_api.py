@@ -120,6 +120,7 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, Float] | None = None  # {token id: bias}; ids checked by SamplingParams and the engine
     min_tokens: Int | None = None  # extension (vLLM)
     stop_token_ids: list[Int] | None = None  # extension (vLLM)
+    include_stop_str_in_output: bool | None = None  # extension (vLLM)
 
     def to_engine(self, max_model_len: int) -> tuple[list[Prompt], list[SamplingParams]]:
         """The engine prompts (one, or a completion request's list) and the SamplingParams of each

@@ -112,6 +112,8 @@ FIELDS: tuple[FieldPolicy, ...] = (
     FieldPolicy("min_tokens", IMPL, True, True, "extension (vLLM): EOS masked until this many tokens (a stop string still ends the text)"),
     FieldPolicy("stop_token_ids", IMPL, True, True,
                 "extension (vLLM): token ids that end the choice (in its token ids, not its text)"),
+    FieldPolicy("include_stop_str_in_output", IMPL, True, True,
+                "extension (vLLM): the text ends after the stop string or stop token that ended it"),
     FieldPolicy("ignore_eos", IMPL, True, True, "extension (vLLM)"),
     FieldPolicy("logprobs", IMPL, True, True, "chat: true/false; completions: 0 to 20 alternatives"),
     FieldPolicy("top_logprobs", IMPL, True, False, "0 to 20, with logprobs: true"),

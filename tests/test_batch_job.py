@@ -76,7 +76,7 @@ class CountingEngine:
 def test_reader_turns_each_line_into_a_request_or_an_error_naming_field_and_value(tmp_path):
     path = _write_jsonl(tmp_path / "in.jsonl", [
         {"id": "a", "prompt": "hi", "max_tokens": 3, "stop": "x", "temperature": 1, "seed": 5, "min_p": 0.1,
-         "stop_token_ids": [7]},
+         "stop_token_ids": [7], "include_stop_str_in_output": True},
         {"id": 7, "messages": [{"role": "user", "content": "hello"}]},
         "",
         '{"id": "b", "prompt": ',
@@ -98,7 +98,7 @@ def test_reader_turns_each_line_into_a_request_or_an_error_naming_field_and_valu
     a, b = items[0], items[1]
     assert a == BatchRequest(1, "a", "hi",
                              SamplingParams(max_tokens=3, stop=("x",), temperature=1.0, seed=5, min_p=0.1,
-                                            stop_token_ids=(7,)))
+                                            stop_token_ids=(7,), include_stop_str_in_output=True))
     assert b == BatchRequest(2, 7, [{"role": "user", "content": "hello"}], SamplingParams(max_tokens=MAX_TOKENS))
     errors = items[2:]
     assert all(isinstance(e, LineError) for e in errors)

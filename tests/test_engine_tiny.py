@@ -129,6 +129,10 @@ def test_stop_string_and_eos(tiny_target_dir, tiny_prompts, tiny_baseline):
     out = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop]))[0]
     assert out.finish_reason == "stop"
     assert stop not in out.text and text.startswith(out.text)
+    kept = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, stop=[stop],
+                                                         include_stop_str_in_output=True))[0]
+    assert kept.finish_reason == "stop" and kept.token_ids == out.token_ids
+    assert kept.text == out.text + stop  # vLLM's include_stop_str_in_output: through the stop string
     _assert_no_leak(eng)
 
 

@@ -177,6 +177,9 @@ def test_stop_token_ids_end_the_request_and_min_tokens_holds_them_back(spec, tin
     out = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[stop]))[0]
     assert out.token_ids == base.token_ids[:cut] and out.finish_reason == "stop"
     assert out.text == eng.tokenizer.decode(base.token_ids[:cut - 1], skip_special_tokens=True)
+    kept = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[stop],
+                                                         include_stop_str_in_output=True))[0]
+    assert kept.token_ids == out.token_ids and kept.text == eng.tokenizer.decode(base.token_ids[:cut])
     held = eng.generate(tiny_prompts[:1], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[stop],
                                                          min_tokens=cut + 2))[0]
     assert stop not in held.token_ids[:cut + 2] and len(held.token_ids) > cut

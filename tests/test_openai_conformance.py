@@ -187,6 +187,16 @@ def test_extensions_and_penalties_through_the_client(app):
     assert cut.choices[0].finish_reason == "stop" and full.choices[0].text.startswith(cut.choices[0].text)
     assert len(cut.choices[0].text) < len(full.choices[0].text)
 
+    async def stop_strings(client):  # vLLM's include_stop_str_in_output: the text runs through the stop
+        full = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
+        stop = full.choices[0].text[4:7]
+        kw = dict(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0, stop=[stop])
+        return (full.choices[0].text, stop, await client.completions.create(**kw),
+                await client.completions.create(**kw, extra_body={"include_stop_str_in_output": True}))
+    text, stop, cut, kept = _call(app, stop_strings)
+    assert cut.choices[0].text == text[:text.index(stop)] and kept.choices[0].text == cut.choices[0].text + stop
+    assert kept.choices[0].finish_reason == "stop"
+
     async def min_p(client):  # min_p 1 keeps only the most probable token: sampling gives the greedy answer
         greedy = await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0)
         sampled = [await client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=1.0,

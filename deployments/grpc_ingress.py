@@ -34,7 +34,8 @@ _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.INVAL
                422: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
                401: grpc.StatusCode.UNAUTHENTICATED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
                503: grpc.StatusCode.UNAVAILABLE, 500: grpc.StatusCode.INTERNAL}
-_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "spec_tokens")
+_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "spec_tokens", "min_tokens",
+                    "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def grpc_options(port: int) -> dict:
@@ -56,11 +57,14 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         raise APIError(400, f"prompt/messages: {which} given; give exactly one of prompt and messages",
                        param="prompt")
     fields: dict = {name: getattr(msg, name) for name in _OPTIONAL_FIELDS if msg.HasField(name)}
-    fields.update(ignore_eos=msg.ignore_eos, return_token_ids=True)
+    fields.update(ignore_eos=msg.ignore_eos, include_stop_str_in_output=msg.include_stop_str_in_output,
+                  return_token_ids=True)
     if msg.model:
         fields["model"] = msg.model
     if msg.stop:
         fields["stop"] = list(msg.stop)
+    if msg.stop_token_ids:
+        fields["stop_token_ids"] = list(msg.stop_token_ids)
     if stream:
         fields.update(stream=True, stream_options={"include_usage": True})
     try:

@@ -63,6 +63,19 @@ def test_request_conversion_shares_the_http_models():
     assert isinstance(req, ChatCompletionRequest) and chat and not req.stream
     assert (req.top_k, req.min_p, req.seed, req.ignore_eos, req.messages[0].content) == (3, 0.25, 7, True,
                                                                                         MESSAGES[0][1])
+    # the logits-processing and stop fields reach the engine's SamplingParams
+    req, _ = to_openai_request(_chat(stop_token_ids=[9, 5], min_tokens=2, presence_penalty=0.5, frequency_penalty=0.25,
+                                     repetition_penalty=1.1, include_stop_str_in_output=True, max_tokens=8),
+                               stream=False)
+    params = req.to_engine(64)[1][0]
+    assert (params.stop_token_ids, params.min_tokens, params.presence_penalty, params.frequency_penalty,
+            params.repetition_penalty, params.include_stop_str_in_output) == ((5, 9), 2, 0.5, 0.25, 1.1, True)
+    plain = to_openai_request(_chat(max_tokens=8), stream=False)[0].to_engine(64)[1][0]
+    assert (plain.stop_token_ids, plain.min_tokens, plain.repetition_penalty, plain.include_stop_str_in_output) == (
+        (), 0, 1.0, False)  # absent fields keep the engine's defaults
+    with pytest.raises(APIError, match="repetition_penalty") as e:
+        to_openai_request(_chat(repetition_penalty=0.0, max_tokens=8), stream=False)[0].to_engine(64)
+    assert e.value.status == 400 and e.value.param == "repetition_penalty"
     with pytest.raises(APIError, match="neither given"):
         to_openai_request(pb.GenerateRequest(max_tokens=3), stream=False)
     with pytest.raises(APIError, match="both given"):

@@ -24,13 +24,19 @@ class PromptEncoder:
             raise ValueError("prompt is empty: give at least one token")
         return ids
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> list[int]:
+        """Token ids of ``messages`` under the model's chat template: by default with an assistant
+        turn opened after them; ``continue_final_message``: ending inside the last message, which
+        the answer continues (transformers' options of the same names)."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] must be an object with 'role' and 'content', got {m!r}")
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
-        out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        extra = {"continue_final_message": True} if continue_final_message else {}
+        out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                                 **extra)
         ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         return list(ids)
 

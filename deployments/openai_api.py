@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from cluster.outputs import RequestOutput
-from cluster.request import SAMPLING_FIELDS, Prompt, RequestError, engine_prompt, sampling_params
+from cluster.request import SAMPLING_FIELDS, Prompt, RequestError, chat_messages, engine_prompt, sampling_params
 from deployments.openai_fields import check_message, check_policy, policy_fields
 
 MAX_N = 16  # choices per request
@@ -235,6 +235,37 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     max_completion_tokens: Int | None = None
     logprobs: bool | None = None
     top_logprobs: Int | None = None
+    # extensions (vLLM): how the chat template renders the messages, and the answer after the last one
+    add_generation_prompt: bool = True  # open an assistant turn after the messages
+    continue_final_message: bool = False  # the answer continues the last (assistant) message
+    echo: bool = False  # a last assistant message's content before each choice's content
+
+    def check_supported(self, max_model_len: int) -> None:
+        super().check_supported(max_model_len)
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise APIError(400, "continue_final_message=true: needs add_generation_prompt=false (an answer "
+                                    "cannot both continue the last message and open a new turn)",
+                               param="continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise APIError(400, f"continue_final_message=true: the last message must be the assistant's to "
+                                    f"continue, got role {self.messages[-1].role!r}", param="continue_final_message")
+
+    @property
+    def template_options(self) -> dict | None:
+        """The chat template's options where they differ from the default (None: the default render)."""
+        if self.add_generation_prompt and not self.continue_final_message:
+            return None
+        return {"add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
+
+    @property
+    def echoed(self) -> str | None:
+        """What each choice's content starts with under ``echo``: the last message's, if the assistant's."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return None
+        return chat_messages([last])[0]["content"]
 
     def logprobs_k(self) -> int | None:
         k = self.top_logprobs

@@ -83,8 +83,14 @@ FIELDS: tuple[FieldPolicy, ...] = (
                 "a string, token ids, or a list of either: n choices each, prompt i's at indices i*n .. i*n+n-1"),
     FieldPolicy("suffix", REJ, False, True, "insertion (fill in the middle) is not supported; `\"\"` accepted",
                 _empty),
-    FieldPolicy("echo", IMPL, False, True, "the prompt before each choice's text; with logprobs, its tokens' "
-                "too (the first one's null); with max_tokens 0 the prompt alone (not streamed)"),
+    FieldPolicy("echo", IMPL, True, True, "completions: the prompt before each choice's text; with logprobs, its "
+                "tokens' too (the first one's null); with max_tokens 0 the prompt alone (not streamed). Chat "
+                "(vLLM): a last assistant message's content before each choice's content"),
+    FieldPolicy("add_generation_prompt", IMPL, True, False,
+                "extension (vLLM): default true; false renders the messages without opening an assistant turn"),
+    FieldPolicy("continue_final_message", IMPL, True, False,
+                "extension (vLLM): the answer continues the last message, the assistant's (with "
+                "add_generation_prompt false)"),
     FieldPolicy("model", IMPL, True, True, "must be the served model's name (404 otherwise); may be left out"),
     # ---- length, choices, streaming ---------------------------------------------------------
     FieldPolicy("max_tokens", IMPL, True, True,

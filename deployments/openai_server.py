@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
+from cluster.prompts import PromptEncoder
 from deployments.admission import Admission, Ticket
 from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
                                     finish_reason_of, model_card, models_response, new_id, prompt_heads, running_usage,
@@ -41,6 +42,7 @@ class OpenAIServer:
         self.aeng, self.model_name, self.max_model_len = aeng, model_name, max_model_len
         self.admission, self.api_key, self._host_draining = admission, api_key, draining
         self.logprobs = LogprobFormatter(aeng.tokenizer)
+        self.encoder = PromptEncoder(aeng.tokenizer)  # chat messages under non-default template options
         self.created = int(time.time())
         self._draining = False
 
@@ -93,6 +95,8 @@ class OpenAIServer:
             self._check_model(req.model)
         prompts, params = req.to_engine(self.max_model_len)
         field = "messages" if chat else "prompt"
+        if chat and req.template_options is not None:  # rendered here: the engine renders the default way
+            prompts = [self._render(p, req.template_options) for p in prompts]
         pairs = [(prompt, p) for prompt in prompts for p in params]
         if len(prompts) > 1 and len(pairs) > self.admission.max_running:
             raise APIError(400, f"prompt: {len(prompts)} prompts x n={len(params)} = {len(pairs)} sequences; this "
@@ -107,8 +111,20 @@ class OpenAIServer:
         except BaseException:
             ticket.release()
             raise
-        echo = [self._prompt_text(p) for p in prompts for _ in params] if getattr(req, "echo", False) else None
+        if chat:
+            echo = None if req.echoed is None else [req.echoed] * len(pairs)
+        else:
+            echo = [self._prompt_text(p) for p in prompts for _ in params] if req.echo else None
         return Generation(rid, choices, ticket, len(params), echo)
+
+    def _render(self, messages: list[dict], options: dict) -> list[int]:
+        """Chat messages as token ids under the chat template ``options`` (a 400 naming messages if
+        the template cannot render them)."""
+        try:
+            return self.encoder.apply_chat_template(messages, **options)
+        except (ValueError, TypeError) as e:
+            raise APIError(400, f"messages: the chat template cannot render them with {options}: {e}",
+                           param="messages") from None
 
     def _prompt_text(self, prompt) -> str:
         """A completion prompt as echoed: its text, or its token ids decoded."""
@@ -128,8 +144,12 @@ class OpenAIServer:
             if gen.echo is None:
                 bodies.append(choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids))
                 continue
-            body = choice_body(i, out, chat, self._echo_logprobs(gen.choices.firsts[i], lps), req.return_token_ids)
-            body["text"] = gen.echo[i] + body["text"]
+            if chat:  # a continued assistant message: its start before the answer
+                body = choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
+                body["message"]["content"] = gen.echo[i] + body["message"]["content"]
+            else:
+                body = choice_body(i, out, chat, self._echo_logprobs(gen.choices.firsts[i], lps), req.return_token_ids)
+                body["text"] = gen.echo[i] + body["text"]
             bodies.append(body)
         return completion_response(gen.rid, self.model_name, bodies, outs, chat, gen.per_prompt)
 
@@ -171,10 +191,12 @@ class OpenAIServer:
                         break
                     ids = out.delta_token_ids if req.return_token_ids else None
                     lp, text = None, out.delta_text
+                    echoing = echo is not None and echo[i] is not None  # a choice's first chunk: the echo first
+                    if echoing:
+                        text, echo[i] = echo[i] + text, None
                     if out.delta_logprobs and chat:
                         lp = self.logprobs.chat(out.delta_logprobs)
-                    elif echo is not None and echo[i] is not None:  # a choice's first chunk: the prompt first
-                        text, echo[i] = echo[i] + text, None
+                    elif echoing and not chat:  # completions: the prompt tokens' logprobs first
                         if out.delta_logprobs is not None:
                             lp, offsets[i] = self.logprobs.echoed(out.prompt_token_ids, out.prompt_logprobs,
                                                                   out.delta_logprobs)

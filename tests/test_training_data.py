@@ -38,3 +38,29 @@ def test_recorded_features_equal_the_features_pass(tiny_target_dir, tiny_prompts
         assert bool((g.target_next[: g.num_prompt - 1] == -1).all())  # read nowhere: no logits computed
         sampled_differs |= g.target_next[answer].tolist() != r["output_ids"]
     assert sampled_differs, "every answer was its own argmax: the sampled share did not reach the test"
+
+
+def test_a_failed_answer_is_left_out(tiny_target_dir, tiny_prompts, tmp_path):
+    """An answer that ended in an error has no features to learn from: neither it nor its row is
+    written (a re-run asks for it again), and the other answers' shards stay aligned."""
+    import dataclasses
+
+    from training.data import GREEDY, generate_responses, load_examples
+
+    engine = tiny_engine(tiny_target_dir)
+    step, failed = engine.step, []
+
+    def failing_step():
+        outs = step()
+        if not failed and any(o.finished for o in outs):
+            k = next(i for i, o in enumerate(outs) if o.finished)
+            failed.append(outs[k].request_id)
+            outs[k] = dataclasses.replace(outs[k], finish_reason="error", error="injected", hidden_states=None)
+        return outs
+
+    engine.step = failing_step
+    assert generate_responses(engine, tiny_prompts[:4], tmp_path, float("inf"), concurrency=2, max_tokens=6,
+                              share=GREEDY) == 3
+    rows = [json.loads(line) for line in (tmp_path / "responses" / "shard-00000.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(f"eagle-{r['index']}" not in failed for r in rows)
+    assert len(load_examples(tmp_path)) == 3

@@ -155,6 +155,9 @@ def generate_responses(engine, prompts: list, out_dir: Path, deadline: float, co
         for out in engine.step():
             if out.finished:
                 i = ids.pop(out.request_id)
+                if out.finish_reason not in ("stop", "length"):  # a failed request: no answer to learn from
+                    log.warning("responses: prompt %d ended with %s (%s); left out", i, out.finish_reason, out.error)
+                    continue
                 prompt_ids = engine.prompts.encode(prompts[i], chat=True)
                 buf.append({"index": i, "prompt_ids": prompt_ids, "output_ids": list(out.token_ids)})
                 if record:

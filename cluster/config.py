@@ -17,7 +17,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_TREE_WIDTH, DEFAULT_TREE_NODES = 3, 10
 # ... and on the CPU since its products became compute-bound (each verified row ~10% of a decode
 # step): width 2 (still 10 nodes at K=5) was 5-7% faster than 3 at c=1 in every round, on held-out
-# and bench500 prompts (BENCHMARKS.md, "drafts shaped for what a verified row costs", 2026-11-29)
+# and bench500 prompts (benchmarks/ARCHIVE.md, "drafts shaped for what a verified row costs", 2026-11-29)
 CPU_TREE_WIDTH = 2
 
 

@@ -16,7 +16,7 @@ public pieces: its ``DraftPlanner`` (requests, accept, failed) and ``verify_part
 ``num_micro_batches=1`` it is the engine's own step, timed the same way); scheduling, the adaptive
 policy's depth choice and emission are the engine's own.
 
-On the 2-core CPU it has not paid (BENCHMARKS.md: 0.83x with a draft model in a drafter actor, both
+On the 2-core CPU it has not paid (benchmarks/ARCHIVE.md: 0.83x with a draft model in a drafter actor, both
 models memory-bound on one memory bus); it is off by default and can pay where draft and target
 sit on separate devices.
 

@@ -50,7 +50,8 @@ def heldout_requests(temperature: float = 0.0, limit: int | None = None, prompt_
             [SamplingParams(max_tokens=p.budget(None), temperature=temperature) for p in prompts])
 
 
-def run_arm(engine, msgs: list, params: list, chat: bool = True, clock=time.perf_counter) -> tuple[int, int, float, tuple]:
+def run_arm(engine, msgs: list, params: list, chat: bool = True,
+            clock=time.perf_counter) -> tuple[int, int, float, tuple]:
     """(tokens, engine steps, seconds, outputs) of ``engine`` answering the requests one at a time."""
     steps0, t0 = engine.clock.steps, clock()
     outs = [engine.generate([m], [p], chat=chat)[0] for m, p in zip(msgs, params)]

@@ -8,8 +8,9 @@ here read the weights once per product at any row count, and give every row the 
 rows share its product (tested), which greedy verification relies on: a draft is checked against
 exactly what plain decoding would compute. ``python -m benchmarks.cpu_linear`` measures them on
 your machine; on the 2-core Xeon (AVX-512) VM of 2026-11-27, ms per pass over SmolLM2-135M's
-538 MB of fp32 weights, 2 threads (benchmarks/ARCHIVE.md, "the native kernels"): native / oneDNN / MKL's F.linear, 1 row 25.6 /
-38.5 / 25.5, 11 rows 32.0 / 46.4 / 74.8, 64 rows 79 / 100 / 111, 256 rows 298 / 281 / 320.
+538 MB of fp32 weights, 2 threads (benchmarks/ARCHIVE.md, "the native kernels"): native / oneDNN /
+MKL's F.linear, 1 row 25.6 / 38.5 / 25.5, 11 rows 32.0 / 46.4 / 74.8, 64 rows 79 / 100 / 111, 256 rows
+298 / 281 / 320.
 
 ``SPECRAY_CPU_LINEAR`` picks: ``auto`` (native fp32 products when the kernels build, else oneDNN),
 ``native`` (an error if they cannot be built), ``onednn``, ``torch`` (``F.linear``). The packed copy

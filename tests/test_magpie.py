@@ -170,3 +170,52 @@ def test_length_batches_keep_padded_tokens_within_the_budget():
     assert [1] in batches and [4] in batches, "each long document alone"
     assert [lengths[b[0]] for b in batches] == sorted(lengths[b[0]] for b in batches), "by length"
     assert length_batches([], 10, 100) == []
+
+
+def test_engine_complete_records_the_answers_features(tiny_target_dir, tiny_prompts):
+    """With record=True the engine's answers come with their features from the generating forwards,
+    as the teacher-forced features pass computes them over the same tokens."""
+    from training.data import target_features
+    from tests.tiny import tiny_engine
+
+    engine = tiny_engine(tiny_target_dir)
+    ours = engine_complete(engine, concurrency=2)
+    prompts = [list(p) for p in tiny_prompts[:3]]
+    draws = [None, (1.0, 1.0, 7), None]
+    recorded = ours(prompts, 6, draws, record=True)
+    assert [ids for ids, _ in recorded] == ours(prompts, 6, draws)  # recording changes no token
+    for p, d, (ids, (tokens, feats, nxt)) in zip(prompts, draws, recorded):
+        conv = p + ids
+        assert tokens.tolist() == conv[:-1]
+        ref_feats, ref_next = target_features(engine.loaded.model, [conv[:-1]], torch.device("cpu"))[0]
+        torch.testing.assert_close(feats.float(), ref_feats.float(), atol=2e-3, rtol=1e-3)
+        assert nxt[len(p) - 1:].tolist() == (ids if d is None else ref_next[len(p) - 1:].tolist())
+        assert bool((nxt[:len(p) - 1] == -1).all())
+
+
+def test_a_wave_writes_its_answers_features_beside_them(encoder, tmp_path):
+    """A ``complete`` that records features: the wave's shard gets a features file of its rows, in
+    order, and the JSON rows carry no tensors."""
+    from training.data import load_examples
+
+    tok = encoder.tokenizer
+
+    class Recording(Scripted):
+        records_features = True
+
+        def __call__(self, prompts, max_tokens, draws, record=False):
+            outs = super().__call__(prompts, max_tokens, draws)
+            if not record:
+                return outs
+            return [(ids, (torch.tensor((p + ids)[:-1], dtype=torch.int32),
+                           torch.full((len(p) + len(ids) - 1, 4), float(len(p)), dtype=torch.float16),
+                           torch.zeros(len(p) + len(ids) - 1, dtype=torch.int32))) for p, ids in zip(prompts, outs)]
+
+    script = Recording(tok, {"": "Please explain how a bicycle gear works in detail."})
+    n = generate_magpie(script, encoder, ["lantern"], tmp_path, float("inf"), wave=6, seed=2, max_waves=1)
+    rows = [json.loads(line) for line in (tmp_path / "responses" / "magpie-00000.jsonl").read_text().splitlines()]
+    assert n == len(rows) > 0 and all("_features" not in r for r in rows)
+    examples = load_examples(tmp_path)
+    assert [e.tokens.tolist() for e in examples] == [(r["prompt_ids"] + r["output_ids"])[:-1] for r in rows]
+    assert [e.num_prompt for e in examples] == [len(r["prompt_ids"]) for r in rows]
+    assert [float(e.features[0, 0]) for e in examples] == [float(len(r["prompt_ids"])) for r in rows]

@@ -11,7 +11,7 @@
    f_t (final-normed hidden states, the head's input and regression target) and the target's
    greedy next token at every position; saved per response shard as ``features/*.pt``
    (the target's answers first, then offline text, until its deadline), for the shards that have
-   none: offline text, magpie conversations, answers of another backend or of a crashed run.
+   none: offline text, answers of the hf backend or of a crashed run.
 """
 from __future__ import annotations
 

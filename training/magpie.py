@@ -16,7 +16,9 @@ Work goes in waves of a few hundred conversations, each wave four batched calls 
 function (requests, answers, follow-up requests, answers to follow-ups and back-translations), and
 each wave is one response shard ``responses/magpie-*.jsonl`` in training/data.py's format, so the
 features and train stages read it like any other shard. ``complete`` is the engine's continuous
-batch (``engine_complete``) or transformers' padded ``generate`` on a GPU (``hf_complete``).
+batch (``engine_complete``) or transformers' padded ``generate`` on a GPU (``hf_complete``). The
+engine's also returns the answers' features from its own forwards (``records_features``): the wave
+then writes ``features/magpie-*.pt`` too, and the features stage has nothing left to do for it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from training.data import SampledShare, _atomic_write
+from training.data import SampledShare, _atomic_write, _save_features, recorded_features
 from training.prompt_mix import BENCHMARK_TOPICS, TARGET_LANGS, long_document
 
 log = logging.getLogger("specray.eagle.magpie")
@@ -60,6 +62,7 @@ OPENERS = {
     "long_doc": (5, ()),
 }
 FOLLOW_UP_FRAC = 0.35  # share of conversations with a second user turn
+FEATURES = "_features"  # a row's recorded example while its wave is written (not in the JSON)
 
 
 def user_turn_prefix(tokenizer, history: list[dict] | None = None) -> list[int]:
@@ -148,28 +151,41 @@ def _answer(complete: Complete, encoder, convs: list[Conversation], seed: int, s
             max_tokens: int, salt: int) -> list[dict]:
     """Answer each conversation's last user turn; appends the answer and returns one row each."""
     prompts = [encoder.encode(c.messages, chat=True) for c in convs]
-    answers = complete(prompts, max_tokens, _draws(share, [c.index for c in convs], seed, salt))
+    draws = _draws(share, [c.index for c in convs], seed, salt)
+    if getattr(complete, "records_features", False):  # (ids, example or None) per answer
+        answers, feats = map(list, zip(*complete(prompts, max_tokens, draws, record=True))) if prompts else ([], [])
+    else:
+        answers, feats = complete(prompts, max_tokens, draws), [None] * len(prompts)
     rows = []
     eos = encoder.tokenizer.eos_token_id
-    for c, p, a in zip(convs, prompts, answers):
+    for c, p, a, f in zip(convs, prompts, answers, feats):
         text = encoder.tokenizer.decode([t for t in a if t != eos], skip_special_tokens=True)
         c.messages.append({"role": "assistant", "content": text})
         rows.append({"index": c.index, "kind": c.kind, "turn": (len(c.messages) // 2), "prompt_ids": p,
-                     "output_ids": list(a)})
+                     "output_ids": list(a), **({FEATURES: f} if f is not None else {})})
     return rows
 
 
 def engine_complete(engine, concurrency: int) -> Complete:
-    """``Complete`` through the engine's continuous batch."""
+    """``Complete`` through the engine's continuous batch. With ``record=True`` each answer comes with
+    its features from the generating forwards (``training.data.recorded_features``; None for an
+    answer that ended in an error): [(ids, (tokens, features, target_next) or None)]."""
     from actors.sampling_params import SamplingParams
 
-    def complete(prompts: list[list[int]], max_tokens: int, draws: list[Draw]) -> list[list[int]]:
+    def complete(prompts: list[list[int]], max_tokens: int, draws: list[Draw], record: bool = False) -> list:
         if not prompts:
             return []
-        params = [SamplingParams(max_tokens=max_tokens) if d is None else
-                  SamplingParams(max_tokens=max_tokens, temperature=d[0], top_p=d[1], seed=d[2]) for d in draws]
-        return [list(o.token_ids) for o in engine.generate(prompts, params, concurrency=concurrency)]
+        params = [SamplingParams(max_tokens=max_tokens, return_hidden_states=record) if d is None else
+                  SamplingParams(max_tokens=max_tokens, temperature=d[0], top_p=d[1], seed=d[2],
+                                 return_hidden_states=record) for d in draws]
+        outs = engine.generate(prompts, params, concurrency=concurrency)
+        if not record:
+            return [list(o.token_ids) for o in outs]
+        return [(list(o.token_ids), None if o.hidden_states is None else recorded_features(
+            engine.loaded.model, p, list(o.token_ids), o.hidden_states, engine.device, d is None))
+            for p, o, d in zip(prompts, outs, draws)]
 
+    complete.records_features = True
     return complete
 
 
@@ -234,8 +250,12 @@ def generate_magpie(complete: Complete, encoder, words: list[str], out_dir: Path
         rng = random.Random(f"magpie-{seed}-{n}")
         rows = run_wave(complete, encoder, draw_openers(rng, wave, words, paras, n * wave), seed, share, max_tokens,
                         request_tokens=min(96, max_tokens))
+        feats = [r.pop(FEATURES, None) for r in rows]
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         _atomic_write(resp_dir / f"magpie-{n:05d}.jsonl", lambda p: p.write_text(text, encoding="utf-8"))
+        if rows and all(f is not None for f in feats):  # after the answers, as training/data.py writes them
+            _save_features(out_dir / "features" / f"magpie-{n:05d}.pt", feats,
+                           [len(r["prompt_ids"]) for r in rows])
         n, last, done = n + 1, time.time() - t, done + 1
         ntok += sum(len(r["output_ids"]) for r in rows)
         log.info("magpie: wave %d, %d answers (%d second turns), %d answer tokens so far at %.0f tok/s",

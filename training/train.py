@@ -10,7 +10,7 @@ Stages (each cached under --out, so a re-run resumes after a crash):
    ``magpie`` (not in the default stages): conversations the target writes itself, multi-turn,
    translations both ways, long documents (training.magpie), for ``--magpie-frac`` of the budget;
 2. ``features``: teacher-forced target forward -> features f_t and greedy next tokens for the
-   conversations that have none yet (offline text, magpie, the hf backend's answers;
+   conversations that have none yet (offline text, the hf backend's answers;
    ``--feature-dtype``, default as ``--gen-dtype``);
 3. ``train``: fit the head (training.fit), save ``--out/head.safetensors``.
 ``--minutes`` is the whole budget: generation stops at ``--gen-frac`` of it, the magpie stage
@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-frac", type=float, default=0.45,
                    help="share of --minutes for generating answers (the engine's answers come with their features)")
     p.add_argument("--feat-frac", type=float, default=0.1,
-                   help="share of --minutes for the features pass over what has none yet: offline text, magpie "
-                        "conversations, the hf backend's answers (~550 tokens/s on 2 CPU cores)")
+                   help="share of --minutes for the features pass over what has none yet: offline text, the hf "
+                        "backend's answers (~550 tokens/s on 2 CPU cores)")
     p.add_argument("--magpie-frac", type=float, default=0.0,
                    help="share of --minutes for the magpie stage (give it in --stages too)")
     p.add_argument("--magpie-wave", type=int, default=192, help="conversations per magpie wave (one shard each)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cluster.outputs import RequestOutput
 from deployments.batch_input import BatchRequest, resume_key
-from deployments.openai_api import finish_reason_of, speculation_of, usage_of
+from deployments.openai_responses import finish_reason_of, speculation_of, usage_of
 
 
 def result_record(req: BatchRequest, out: RequestOutput) -> dict:

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from cluster.outputs import RequestOutput
 from cluster.request import RequestError, chat_messages
 from deployments.http_guard import bearer_matches
-from deployments.openai_api import (APIError, ChatCompletionRequest, CompletionRequest, finish_reason_of,
-                                    total_speculation, total_usage)
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
+from deployments.openai_responses import finish_reason_of, total_speculation, total_usage
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ its real answers: the completion / chat completion body, the SSE stream (``text/
 each ``data:`` line one chunk of ``x-sse-data``'s schema, then ``data: [DONE]``), and the OpenAI
 error body for every error status the route can answer, with ``Retry-After`` where it is sent.
 Generated clients and API fuzzers can then check responses. The models here describe what
-``deployments.openai_api`` builds; tests validate real answers against the document.
+``deployments.openai_responses`` builds; tests validate real answers against the document.
 """
 from __future__ import annotations
 

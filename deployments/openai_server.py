@@ -22,10 +22,11 @@ from cluster.async_engine import AsyncLLMEngine
 from cluster.outputs import RequestOutput
 from cluster.prompts import PromptEncoder
 from deployments.admission import Admission, Ticket
-from deployments.openai_api import (APIError, SamplingRequest, choice_body, completion_response, error_body,
-                                    finish_reason_of, model_card, models_response, new_id, prompt_heads, running_usage,
-                                    stream_chunk, usage_chunk)
+from deployments.openai_api import APIError, SamplingRequest, error_body
 from deployments.openai_logprobs import LogprobFormatter
+from deployments.openai_responses import (choice_body, completion_response, finish_reason_of, model_card,
+                                          models_response, new_id, prompt_heads, running_usage, stream_chunk,
+                                          usage_chunk)
 
 SSE_DONE = "data: [DONE]\n\n"
 

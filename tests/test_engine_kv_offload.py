@@ -116,7 +116,7 @@ def test_cli_flag_sets_the_host_tier():
 
 def test_openai_usage_reports_cached_tokens():
     from cluster.outputs import RequestOutput
-    from deployments.openai_api import completion_response, usage_chunk
+    from deployments.openai_responses import completion_response, usage_chunk
 
     out = RequestOutput("r", "hi", [7], "", [], True, "stop", num_prompt_tokens=40, num_output_tokens=1,
                         num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_cached_tokens=32)

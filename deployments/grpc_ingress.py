@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from cluster.outputs import RequestOutput
 from cluster.request import RequestError, chat_messages
 from deployments.http_guard import bearer_matches
-from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest
+from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, checked_logprobs_k
+from deployments.openai_logprobs import LogprobFormatter
 from deployments.openai_responses import finish_reason_of, total_speculation, total_usage
 from deployments.protos import specray_pb2 as pb
 
@@ -65,6 +66,9 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         fields["stop"] = list(msg.stop)
     if msg.stop_token_ids:
         fields["stop_token_ids"] = list(msg.stop_token_ids)
+    if msg.HasField("logprobs"):  # HTTP's two shapes of one ask: completions' k, chat's flag and k
+        k = checked_logprobs_k(msg.logprobs, "logprobs")
+        fields.update({"logprobs": True, "top_logprobs": k} if msg.messages else {"logprobs": k})
     if stream:
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
@@ -83,19 +87,21 @@ def _speculation(outs: list[RequestOutput]) -> pb.Speculation:
                           accepted_per_pos=spec["accepted_per_pos"], acceptance_rate=spec["acceptance_rate"])
 
 
-def to_response(rid: str, model: str, outs: list[RequestOutput]) -> pb.GenerateResponse:
-    """The proto response from the final output of the request's (one) choice."""
+def to_response(rid: str, model: str, outs: list[RequestOutput], logprobs: list | None = None,
+                fmt: LogprobFormatter | None = None) -> pb.GenerateResponse:
+    """The proto response from the final output of the request's (one) choice; ``logprobs``: its
+    tokens' ``TokenLogprob``s when the request asked (``fmt`` names their tokens)."""
     out = outs[0]
     return pb.GenerateResponse(id=rid, model=model, text=out.text, token_ids=list(out.token_ids),
                                finish_reason=finish_reason_of(out) or "", usage=pb.Usage(**total_usage(outs)),
-                               speculation=_speculation(outs))
+                               speculation=_speculation(outs), logprobs=fmt.by_id(logprobs) if logprobs else [])
 
 
-async def to_chunks(gen: Generation, model: str) -> AsyncIterator[pb.GenerateChunk]:
+async def to_chunks(gen: Generation, model: str, fmt: LogprobFormatter | None = None) -> AsyncIterator[pb.GenerateChunk]:
     """Proto chunks from the engine's outputs as they arrive: one per output with new text or token
-    ids; the one with the finish reason is held back and also carries usage and speculation, so
-    the last chunk has all three. A failed engine ends the stream with APIError (500, or 503 when
-    the engine loop stopped)."""
+    ids (and their logprobs when the request asked; ``fmt`` names their tokens); the one with the
+    finish reason is held back and also carries usage and speculation, so the last chunk has all
+    three. A failed engine ends the stream with APIError (500, or 503 when the engine loop stopped)."""
     finals, held = list(gen.choices.firsts), None
     try:
         async with contextlib.aclosing(gen.choices.merged()) as merged:
@@ -104,7 +110,8 @@ async def to_chunks(gen: Generation, model: str) -> AsyncIterator[pb.GenerateChu
                 if out.finish_reason == "error":
                     raise APIError(500, f"generation failed: {out.error}")
                 chunk = pb.GenerateChunk(id=gen.rid, model=model, delta_text=out.delta_text or "",
-                                         delta_token_ids=out.delta_token_ids or [])
+                                         delta_token_ids=out.delta_token_ids or [],
+                                         delta_logprobs=fmt.by_id(out.delta_logprobs) if out.delta_logprobs else [])
                 reason = finish_reason_of(out)
                 if reason is not None:
                     chunk.finish_reason = reason
@@ -128,8 +135,8 @@ class GrpcGenerationMixin:
                        grpc_context: RayServegRPCContext | None = None) -> pb.GenerateResponse:
         with _grpc_status(grpc_context):
             gen = await self._start(request, grpc_context, stream=False)
-            outs, _ = await gen.finish()
-            return to_response(gen.rid, self.server.model_name, outs)
+            outs, logprobs = await gen.finish()
+            return to_response(gen.rid, self.server.model_name, outs, logprobs[0], self.server.logprobs)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              grpc_context: RayServegRPCContext | None = None) -> AsyncIterator[pb.GenerateChunk]:
@@ -137,7 +144,7 @@ class GrpcGenerationMixin:
             gen = await self._start(request, grpc_context, stream=True)
             # aclosing: a client that goes away aborts the engine request (frees its KV) at once
             async with contextlib.aclosing(gen):
-                async for chunk in to_chunks(gen, self.server.model_name):
+                async for chunk in to_chunks(gen, self.server.model_name, self.server.logprobs):
                     yield chunk
 
     async def _start(self, request: pb.GenerateRequest, grpc_context: RayServegRPCContext | None,

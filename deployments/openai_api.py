@@ -189,9 +189,7 @@ class CompletionRequest(SamplingRequest, _CompletionPolicy):
     echo: bool = False  # the prompt before the completion (with logprobs: the prompt tokens' too)
 
     def logprobs_k(self) -> int | None:
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise APIError(400, f"logprobs={self.logprobs}: must be between 0 and {MAX_LOGPROBS}", param="logprobs")
-        return self.logprobs
+        return None if self.logprobs is None else checked_logprobs_k(self.logprobs, "logprobs")
 
     def prompt_logprobs_k(self) -> int | None:
         return self.logprobs_k() if self.echo else None
@@ -268,8 +266,8 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
         k = self.top_logprobs
         if k is not None and not self.logprobs:
             raise APIError(400, f"top_logprobs={k}: needs logprobs=true", param="top_logprobs")
-        if k is not None and not 0 <= k <= MAX_LOGPROBS:
-            raise APIError(400, f"top_logprobs={k}: must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
+        if k is not None:
+            checked_logprobs_k(k, "top_logprobs")
         return (k or 0) if self.logprobs else None
 
     @property
@@ -280,6 +278,13 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
         for i, m in enumerate(self.messages):
             m.check_supported(i)
         return [{"messages": self.messages}]
+
+
+def checked_logprobs_k(k: int, field: str) -> int:
+    """``k`` alternatives per token, within 0 to MAX_LOGPROBS (else APIError 400 naming ``field``)."""
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise APIError(400, f"{field}={k}: must be between 0 and {MAX_LOGPROBS}", param=field)
+    return k
 
 
 @contextmanager

@@ -5,7 +5,7 @@ where each top dict holds the k alternatives plus the chosen token (up to k + 1 
 Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
 "refusal": None}``. Streaming chunks carry the same shapes for their own tokens. A token's text is
 its own decoding (a piece of a multi-byte character decodes to U+FFFD, as in vLLM); ``bytes`` are
-that text's UTF-8 bytes.
+that text's UTF-8 bytes. gRPC (``by_id``): each token's id, text and logprob, with its alternatives'.
 """
 from __future__ import annotations
 
@@ -60,6 +60,15 @@ class LogprobFormatter:
     def _item(self, token_id: int, logprob: float) -> dict:
         text = self.token(token_id)
         return {"token": text, "logprob": _value(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def by_id(self, entries: list[TokenLogprob]) -> list[dict]:
+        """gRPC's shape (``specray.v1.TokenLogprob``): ``{"token_id", "token", "logprob",
+        "top_logprobs": [{"token_id", "token", "logprob"}]}`` per entry."""
+        return [{**self._pair(e.token_id, e.logprob), "top_logprobs": [self._pair(t, v) for t, v in e.top]}
+                for e in entries]
+
+    def _pair(self, token_id: int, logprob: float) -> dict:
+        return {"token_id": token_id, "token": self.token(token_id), "logprob": _value(logprob)}
 
 
 def _value(logprob: float) -> float:

@@ -78,11 +78,57 @@ def test_request_conversion_shares_the_http_models():
     assert e.value.status == 400 and e.value.param == "repetition_penalty"
     with pytest.raises(APIError, match="neither given"):
         to_openai_request(pb.GenerateRequest(max_tokens=3), stream=False)
+    assert to_openai_request(_chat(max_tokens=8), stream=False)[0].to_engine(64)[1][0].logprobs is None
     with pytest.raises(APIError, match="both given"):
         to_openai_request(_chat(prompt="hi"), stream=False)
     with pytest.raises(APIError, match="messages.0.role='robot'") as e:
         to_openai_request(pb.GenerateRequest(messages=[pb.ChatMessage(role="robot", content="hi")]), stream=False)
     assert e.value.status == 400 and e.value.param == "messages"
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_logprobs_map_to_each_http_shape(kind):
+    """One proto field, HTTP's two shapes (completions' k, chat's flag + top_logprobs); the engine
+    gets k either way, and a bad k is answered naming the proto field."""
+    from deployments.grpc_ingress import to_openai_request
+    from deployments.openai_api import APIError
+
+    def request(k):
+        return pb.GenerateRequest(prompt="hi", logprobs=k) if kind == "completion" else _chat(logprobs=k)
+
+    for k in (0, 3, 20):
+        req, _ = to_openai_request(request(k), stream=False)
+        assert (req.logprobs, getattr(req, "top_logprobs", None)) == ((True, k) if kind == "chat" else (k, None))
+        assert req.to_engine(64)[1][0].logprobs == k
+    for k in (-1, 21):
+        with pytest.raises(APIError, match=f"logprobs={k}: must be between 0 and 20") as e:
+            to_openai_request(request(k), stream=False)
+        assert (e.value.status, e.value.param) == (400, "logprobs")
+
+
+class _Tokenizer:
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def test_logprobs_become_proto_messages():
+    from actors.logprobs import TokenLogprob
+    from deployments.grpc_ingress import to_response
+    from deployments.openai_logprobs import LogprobFormatter
+
+    entries = [TokenLogprob(7, -0.25, ((7, -0.25), (3, -2.0))), TokenLogprob(9, float("-inf"), ((4, -0.1), (9, -1e30)))]
+    fmt = LogprobFormatter(_Tokenizer())
+    r = to_response("cmpl-3", "m", [_out("ab", [7, 9], True, "stop")], entries, fmt)
+    got = [(e.token_id, e.token, e.logprob, [(t.token_id, t.token, t.logprob) for t in e.top_logprobs])
+           for e in r.logprobs]
+    assert got == [(7, "<7>", -0.25, [(7, "<7>", -0.25), (3, "<3>", -2.0)]),
+                   (9, "<9>", -9999.0, [(4, "<4>", -0.1), (9, "<9>", -9999.0)])]  # -inf floored as over HTTP
+    assert not to_response("cmpl-4", "m", [_out("ab", [7, 9], True, "stop")]).logprobs  # not asked: none
+    outs = [_out("a", [7]), _out("b", [9], True, "stop")]
+    outs[0].delta_logprobs, outs[1].delta_logprobs = entries[:1], entries[1:]
+    chunks = _chunks(outs, fmt=fmt)
+    assert [[e.token_id for e in c.delta_logprobs] for c in chunks] == [[7], [9]]
+    assert [len(e.top_logprobs) for c in chunks for e in c.delta_logprobs] == [2, 2]
 
 
 def test_serve_command_grpc_port():
@@ -123,7 +169,7 @@ class _FakeChoices:
             raise self._fail
 
 
-def _chunks(outs, fail=None) -> list:
+def _chunks(outs, fail=None, fmt=None) -> list:
     import asyncio
 
     from deployments.grpc_ingress import to_chunks
@@ -131,7 +177,7 @@ def _chunks(outs, fail=None) -> list:
 
     async def main():
         gen = Generation("cmpl-1", _FakeChoices(outs, fail), None)
-        return [c async for c in to_chunks(gen, "m")]
+        return [c async for c in to_chunks(gen, "m", fmt)]
 
     return asyncio.run(main())
 
@@ -248,9 +294,32 @@ def test_speculation_off_per_request(stub):
     assert (r.speculation.num_drafts, r.speculation.num_draft_tokens) == (0, 0)
 
 
+@pytest.mark.ray
+@pytest.mark.model
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_logprobs_unary_and_streamed(stub, reference, kind):
+    """Greedy with speculation on: each token's logprob is its position's most likely one (as plain
+    decoding's), one entry per token, and the stream's deltas join to the unary answer's."""
+    ref = reference[kind]
+    request = (pb.GenerateRequest(prompt=PROMPT, max_tokens=TOKENS, logprobs=2) if kind == "completion"
+               else _chat(max_tokens=TOKENS, logprobs=2))
+    r = stub.Generate(request, metadata=META, timeout=120)
+    assert list(r.token_ids) == ref.token_ids and [e.token_id for e in r.logprobs] == ref.token_ids
+    for e in r.logprobs:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token_id == e.token_id
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob) and e.logprob <= 0.0
+        assert e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob and e.token
+    chunks = list(stub.GenerateStream(request, metadata=META, timeout=120))
+    streamed = [e for c in chunks for e in c.delta_logprobs]
+    assert [e.token_id for e in streamed] == ref.token_ids
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in r.logprobs], abs=1e-5)
+    assert [len(c.delta_logprobs) for c in chunks] == [len(c.delta_token_ids) for c in chunks]
+
+
 BAD = [  # (request, status, words the details must contain)
     (pb.GenerateRequest(prompt="hi", max_tokens=-1), grpc.StatusCode.INVALID_ARGUMENT, ["max_tokens", "-1"]),
     (pb.GenerateRequest(prompt="hi", temperature=-1), grpc.StatusCode.INVALID_ARGUMENT, ["temperature", "-1"]),
+    (_chat(logprobs=21), grpc.StatusCode.INVALID_ARGUMENT, ["logprobs=21", "between 0 and 20"]),
     (pb.GenerateRequest(prompt=""), grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "empty"]),
     (pb.GenerateRequest(prompt="hi", model="gpt-nope"), grpc.StatusCode.NOT_FOUND, ["model", "gpt-nope"]),
     (pb.GenerateRequest(prompt="hello " * 20000), grpc.StatusCode.INVALID_ARGUMENT, ["prompt", "context"]),

@@ -25,12 +25,17 @@ def test_a_steady_catch_up_is_charged_in_full():
     assert steady_draft_s(0.060, 0.056, 4, steady=True) == pytest.approx(0.060)
 
 
+SLEEP = 1.0  # seconds a long backlog's catch-up takes in the test below
+
+
 @pytest.mark.parametrize("lookup_first", [False, True])
 def test_the_heads_backlog_is_not_charged_to_its_draft_rounds(lookup_first, tiny_target_dir, tiny_prompts, tmp_path):
     """An engine whose EAGLE head catches up slowly on long backlogs (a sleep stands in for the work):
     what the adaptive policy learns a head draft costs per round stays at what its rounds cost.
     Charged in full, the backlog made the head look several times dearer than it is, and the policy
-    stopped drafting with it (2026-11-28, the default model at c=1)."""
+    stopped drafting with it (2026-11-28, the default model at c=1). The sleep is long beside a tiny
+    model's round, so that a busy machine (a tiny round at tens of ms) cannot reach the bound: charged
+    in full, a round would cost at least SLEEP / K."""
     import time
 
     from actors.model.loader import load_model
@@ -49,7 +54,7 @@ def test_the_heads_backlog_is_not_charged_to_its_draft_rounds(lookup_first, tiny
         n = sum(len(p) for r in reqs for p in head.states[r.seq_id].pending)
         backlogs.append(n)
         if n > 8:
-            time.sleep(0.2)
+            time.sleep(SLEEP)
         return catch_up(reqs)
 
     observe = policy.observe_draft
@@ -62,7 +67,7 @@ def test_the_heads_backlog_is_not_charged_to_its_draft_rounds(lookup_first, tiny
     head._catch_up, policy.observe_draft = slow_backlog, recording
     eng.generate(tiny_prompts[:3], SamplingParams(max_tokens=TINY_MAX_TOKENS, ignore_eos=True), concurrency=1)
     assert max(backlogs) > 8 and min(backlogs) <= 8, backlogs  # prompts and steady steps both caught up
-    assert len(learned) >= 10 and max(learned) < 0.05, learned
+    assert len(learned) >= 10 and max(learned) < SLEEP / 4, learned
 
 
 def test_a_depth_one_draft_pays_its_steady_catch_up(tiny_target_dir, tiny_prompts, tmp_path):

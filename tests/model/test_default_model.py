@@ -1,8 +1,6 @@
 """The default target through its alias against transformers' own GGUF load (one per session)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -49,9 +47,15 @@ def test_default_model_matches_transformers_gguf(default_model, hf_gguf_model):
     assert got == want.tolist()
 
 
-def test_second_load_is_fast(default_model):
-    start = time.perf_counter()
+def test_second_load_reuses_the_conversion(default_model, monkeypatch):
+    """The GGUF is converted once (what made a first load slow); a later load reads the cached
+    directory. (A wall-clock bound here failed whenever the machine was busy.)"""
+    from actors.model import loader
+
+    def no_conversion(*args):
+        raise AssertionError("the GGUF was converted again")
+
+    monkeypatch.setattr(loader, "export_gguf", no_conversion)
     again = load_model(DEFAULT_MODEL)
-    assert time.perf_counter() - start < 3.0
     assert again.model_dir == default_model.model_dir
     assert again.config == default_model.config

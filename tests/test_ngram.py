@@ -60,3 +60,29 @@ def test_default_draft_fills_two_nodes_per_depth_and_default_chain_keeps_chains(
 
 def test_max_depth_defaults_to_the_expansion():
     assert _req(COPY, 3, 6).depth_limit == 3 and _req(COPY, 3, 6, max_depth=7).depth_limit == 7
+
+
+@pytest.mark.parametrize("alphabet", [3, 40, 2000])  # loops (the last token everywhere), text, rare repeats
+def test_draft_source_per_sequence_equals_the_scan(alphabet):
+    """The source a sequence's kept occurrences give (draft_source with seq_id, grown a few tokens
+    at a time as the engine grows it) is the whole-history scan's, step after step; release drops
+    them, and a sequence asked again from the start is indexed anew."""
+    import random
+
+    rng = random.Random(alphabet)
+    ngram = NgramProposer(2, 16)
+    for seq_id in range(3):
+        tokens = [rng.randrange(alphabet) for _ in range(5)]
+        for _ in range(150):
+            if rng.random() < 0.3 and len(tokens) > 20:  # copy an earlier stretch: long matches
+                start = rng.randrange(len(tokens) - 20)
+                tokens += tokens[start: start + rng.randrange(1, 20)]
+            else:
+                tokens += [rng.randrange(alphabet) for _ in range(rng.randrange(1, 4))]
+            assert ngram.draft_source(tokens, seq_id) == ngram.draft_source(tokens), (seq_id, len(tokens))
+        assert seq_id in ngram._occurrences
+        ngram.release(seq_id)
+        assert seq_id not in ngram._occurrences
+    fresh = [1, 2, 3, 1, 2]
+    ngram.draft_source([9, 9, 9, 9, 9, 9], 7)
+    assert ngram.draft_source(fresh, 7) == ngram.draft_source(fresh) == "ngram2"  # shorter: indexed anew

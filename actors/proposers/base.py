@@ -113,10 +113,11 @@ class Proposer(ABC):
         """Health figures for the replica's stats endpoint (remote proposers: live workers, restarts)."""
         return {}
 
-    def draft_source(self, token_ids: list[int]) -> str | None:
+    def draft_source(self, token_ids: list[int], seq_id: int | None = None) -> str | None:
         """What kind of draft this proposer would make after ``token_ids`` (None: no draft at all).
         The adaptive policy keeps acceptance estimates per kind: n-gram lookup after a 4-token
-        match is right far more often than after a 1-token one."""
+        match is right far more often than after a 1-token one. ``seq_id``: the sequence these are
+        the tokens of (a proposer may keep what it learnt of them until ``release``)."""
         return self.name
 
     def nodes_per_depth(self, source: str | None) -> int:

@@ -26,6 +26,7 @@ class NgramProposer(Proposer):
         if width < 1:
             raise ValueError(f"ngram width must be >= 1 (draft nodes per depth), got {width}")
         self.n_min, self.n_max, self.width = n_min, n_max, width
+        self._occurrences: dict[int, _Occurrences] = {}  # seq_id -> where its tokens occur
 
     def nodes_per_depth(self, source: str | None) -> int:
         return self.width if source is not None and source.startswith(self.name) else 1
@@ -44,9 +45,23 @@ class NgramProposer(Proposer):
             return TokenTree.root(int(tokens[-1]))
         return truncate_tree(merge_trees(trees), req.max_nodes)
 
-    def draft_source(self, token_ids: list[int]) -> str | None:
-        n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
+    def draft_source(self, token_ids: list[int], seq_id: int | None = None) -> str | None:
+        """``ngram<n>``, n the longest suffix match (None: none). With ``seq_id``, from where each of
+        its tokens occurs (``_Occurrences``, kept until ``release``): asked every step for every
+        decoding sequence, it then looks at the last token's earlier places only, not the whole history."""
+        if seq_id is None:
+            n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
+        else:
+            occ = self._occurrences.get(seq_id)
+            if occ is None or occ.size > len(token_ids):
+                occ = self._occurrences[seq_id] = _Occurrences()
+            n = occ.longest_match(token_ids, self.n_min, self.n_max)
+            if n is None:  # the last token is everywhere (a loop): one vectorised scan is cheaper
+                n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
         return f"ngram{n}" if n else None
+
+    def release(self, seq_id: int) -> None:
+        self._occurrences.pop(seq_id, None)
 
     def _longest_match(self, tokens: np.ndarray) -> tuple[int, np.ndarray]:
         """(n, starts): the longest suffix length in n_min..n_max that occurred earlier with a
@@ -74,3 +89,39 @@ class NgramProposer(Proposer):
             if len(out) >= width:
                 break
         return out
+
+
+MAX_PLACES = 64  # more earlier places of the last token than this: numpy's scan beats Python's filter
+
+
+class _Occurrences:
+    """Where each token of one sequence occurs (ascending), extended as the sequence grows: the
+    longest suffix match then filters the last token's earlier places in Python, a few list items
+    in the usual case, instead of converting and scanning the whole history every step."""
+
+    __slots__ = ("at", "size")
+
+    def __init__(self):
+        self.at: dict[int, list[int]] = {}
+        self.size = 0  # tokens indexed
+
+    def longest_match(self, tokens: list[int], n_min: int, n_max: int) -> int | None:
+        """``NgramProposer._longest_match``'s n for ``tokens`` (this sequence's, grown since the last
+        call); None when the last token occurred more than ``MAX_PLACES`` times before."""
+        at = self.at
+        for i in range(self.size, len(tokens)):
+            at.setdefault(tokens[i], []).append(i)
+        self.size = size = len(tokens)
+        ends = at[tokens[-1]][:-1] if size else []  # earlier places of the last token
+        if len(ends) > MAX_PLACES:
+            return None
+        found = 0
+        for n in range(1, min(n_max, size - 1) + 1):
+            if n > 1:
+                want = tokens[size - n]
+                ends = [e for e in ends if e >= n - 1 and tokens[e - n + 1] == want]
+            if not ends:
+                break
+            if n >= n_min:
+                found = n
+        return found

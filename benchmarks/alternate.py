@@ -103,3 +103,31 @@ def report(runs: list[ArmRun], baseline: str | None = None) -> str:
 def same_outputs(runs: list[ArmRun]) -> bool:
     """Whether every pass gave the same tokens (greedy speculation must)."""
     return len({r.token_ids for r in runs}) <= 1
+
+
+class PhaseLog:
+    """``on_run`` for engines with a step clock (``cluster.step_clock``): prints each pass with its
+    ms per step in every clock phase since that engine's last pass. ``engine_of(arm)``: the engine
+    whose clock an arm's pass advanced (several arms may share one)."""
+
+    def __init__(self, engine_of: Callable[[str], object], phases: tuple[str, ...] = ("schedule", "draft", "forward")):
+        self.engine_of, self.phases, self.last = engine_of, phases, {}
+
+    def __call__(self, r: ArmRun) -> None:
+        print(self.line(r), flush=True)
+
+    def line(self, r: ArmRun) -> str:
+        clock = self.engine_of(r.arm).clock
+        now = clock.snapshot()
+        before = self.last.get(id(clock), dict.fromkeys(now, 0.0))
+        self.last[id(clock)] = now
+        ms = ms_per_step(before, now)
+        shown = ", ".join(f"{p} {ms[p]:.3f}" for p in self.phases)
+        return (f"round {r.round} {r.arm}: {r.tokens} tokens, {r.tokens_per_s:.1f} tok/s, {r.tokens_per_step:.2f} "
+                f"tokens/step, step {sum(ms.values()):.2f} ms ({shown} ms)")
+
+
+def ms_per_step(before: dict, after: dict) -> dict[str, float]:
+    """Milliseconds per step in each phase between two ``StepClock.snapshot()``s."""
+    steps = after["steps"] - before["steps"]
+    return {k: 1e3 * (after[k] - before[k]) / steps if steps else 0.0 for k in after if k != "steps"}

@@ -97,7 +97,8 @@ def to_response(rid: str, model: str, outs: list[RequestOutput], logprobs: list 
                                speculation=_speculation(outs), logprobs=fmt.by_id(logprobs) if logprobs else [])
 
 
-async def to_chunks(gen: Generation, model: str, fmt: LogprobFormatter | None = None) -> AsyncIterator[pb.GenerateChunk]:
+async def to_chunks(gen: Generation, model: str,
+                    fmt: LogprobFormatter | None = None) -> AsyncIterator[pb.GenerateChunk]:
     """Proto chunks from the engine's outputs as they arrive: one per output with new text or token
     ids (and their logprobs when the request asked; ``fmt`` names their tokens); the one with the
     finish reason is held back and also carries usage and speculation, so the last chunk has all

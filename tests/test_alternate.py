@@ -32,3 +32,28 @@ def test_report_compares_each_round_with_the_baseline():
     assert not same_outputs(runs + [ArmRun(2, "a", 100, 50, 1.0, ((1, 3),))])
     with pytest.raises(ValueError, match="baseline 'c' is not an arm"):
         report(runs, baseline="c")
+
+
+def test_phase_log_reports_each_pass_from_its_engines_clock():
+    """Ms per step of each phase since the same clock's last pass: two arms sharing one engine see
+    each other's passes as the clock's history, not their own."""
+    from benchmarks.alternate import PhaseLog, ms_per_step
+
+    class Clock:
+        def __init__(self):
+            self.snap = {"steps": 0, "schedule": 0.0, "forward": 0.0}
+
+        def snapshot(self):
+            return dict(self.snap)
+
+    class Engine:
+        clock = Clock()
+
+    eng = Engine()
+    log = PhaseLog(lambda arm: eng, phases=("forward",))
+    eng.clock.snap = {"steps": 10, "schedule": 0.002, "forward": 0.08}
+    assert log.line(ArmRun(0, "a", 20, 10, 0.1, ())) == (
+        "round 0 a: 20 tokens, 200.0 tok/s, 2.00 tokens/step, step 8.20 ms (forward 8.000 ms)")
+    eng.clock.snap = {"steps": 30, "schedule": 0.004, "forward": 0.18}
+    assert log.line(ArmRun(0, "b", 20, 20, 0.1, ())).endswith("step 5.10 ms (forward 5.000 ms)")
+    assert ms_per_step({"steps": 4, "x": 1.0}, {"steps": 4, "x": 1.0}) == {"x": 0.0}  # no step: no division

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from benchmarks.alternate import alternate, heldout_requests, report
+from benchmarks.alternate import PhaseLog, alternate, heldout_requests, report
 from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.engine import LLMEngine
 
@@ -23,21 +23,6 @@ def engine():
 arms = {"scan": engine(), "kept": engine()}
 scan = arms["scan"].drafting
 scan.proposer.first.draft_source = lambda token_ids, seq_id=None, f=scan.proposer.first.draft_source: f(token_ids)
-last = {name: (eng.clock.snapshot()) for name, eng in arms.items()}
-
-
-def on_run(r):
-    eng = arms[r.arm]
-    now = eng.clock.snapshot()
-    before = last[r.arm]
-    last[r.arm] = now
-    steps = now["steps"] - before["steps"]
-    ms = {k: 1e3 * (now[k] - before[k]) / steps for k in now if k != "steps"}
-    print(f"round {r.round} {r.arm}: {r.tokens} tokens, {r.tokens_per_s:.1f} tok/s, {r.tokens_per_step:.2f} tokens/step, "
-          f"schedule {ms['schedule']:.3f} ms/step, step {sum(ms.values()):.2f} ms "
-          f"(draft {ms['draft']:.2f}, forward {ms['forward']:.2f}, verify {ms['verify']:.2f}, "
-          f"bookkeeping {ms['bookkeeping']:.2f})", flush=True)
-
-
-runs = alternate(arms, msgs, params, rounds=rounds, on_run=on_run)
+PHASES = ("schedule", "draft", "forward", "verify", "bookkeeping")
+runs = alternate(arms, msgs, params, rounds=rounds, on_run=PhaseLog(arms.get, PHASES))
 print(report(runs, baseline="scan"))

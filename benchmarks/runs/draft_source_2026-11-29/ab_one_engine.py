@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from benchmarks.alternate import alternate, heldout_requests, report
+from benchmarks.alternate import PhaseLog, alternate, heldout_requests, report
 from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.engine import LLMEngine
 
@@ -31,19 +31,6 @@ class Mode:
 
 
 arms = {"scan": Mode(True), "kept": Mode(False)}
-last = [eng.clock.snapshot()]
-
-
-def on_run(r):
-    now, before = eng.clock.snapshot(), last[0]
-    last[0] = now
-    steps = now["steps"] - before["steps"]
-    ms = {k: 1e3 * (now[k] - before[k]) / steps for k in now if k != "steps"}
-    print(f"round {r.round} {r.arm}: {r.tokens} tokens, {r.tokens_per_s:.1f} tok/s, {r.tokens_per_step:.2f} tokens/step, "
-          f"schedule {ms['schedule']:.3f} ms/step, step {sum(ms.values()):.2f} ms "
-          f"(draft {ms['draft']:.2f}, forward {ms['forward']:.2f}, verify {ms['verify']:.2f}, "
-          f"bookkeeping {ms['bookkeeping']:.2f}, emit {ms['emit']:.2f})", flush=True)
-
-
-runs = alternate(arms, msgs, params, rounds=rounds, on_run=on_run)
+PHASES = ("schedule", "draft", "forward", "verify", "bookkeeping", "emit")
+runs = alternate(arms, msgs, params, rounds=rounds, on_run=PhaseLog(lambda arm: eng, PHASES))
 print(report(runs, baseline="scan"))

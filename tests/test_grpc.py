@@ -106,23 +106,19 @@ def test_logprobs_map_to_each_http_shape(kind):
         assert (e.value.status, e.value.param) == (400, "logprobs")
 
 
-class _Tokenizer:
-    def decode(self, ids):
-        return "".join(f"<{i}>" for i in ids)
-
-
 def test_logprobs_become_proto_messages():
     from actors.logprobs import TokenLogprob
     from deployments.grpc_ingress import to_response
     from deployments.openai_logprobs import LogprobFormatter
+    from tests.tiny import ByteTokenizer
 
     entries = [TokenLogprob(7, -0.25, ((7, -0.25), (3, -2.0))), TokenLogprob(9, float("-inf"), ((4, -0.1), (9, -1e30)))]
-    fmt = LogprobFormatter(_Tokenizer())
+    fmt = LogprobFormatter(ByteTokenizer())  # token i's text: chr(i)
     r = to_response("cmpl-3", "m", [_out("ab", [7, 9], True, "stop")], entries, fmt)
     got = [(e.token_id, e.token, e.logprob, [(t.token_id, t.token, t.logprob) for t in e.top_logprobs])
            for e in r.logprobs]
-    assert got == [(7, "<7>", -0.25, [(7, "<7>", -0.25), (3, "<3>", -2.0)]),
-                   (9, "<9>", -9999.0, [(4, "<4>", -0.1), (9, "<9>", -9999.0)])]  # -inf floored as over HTTP
+    assert got == [(7, "\x07", -0.25, [(7, "\x07", -0.25), (3, "\x03", -2.0)]),
+                   (9, "\t", -9999.0, [(4, "\x04", -0.1), (9, "\t", -9999.0)])]  # -inf floored as over HTTP
     assert not to_response("cmpl-4", "m", [_out("ab", [7, 9], True, "stop")]).logprobs  # not asked: none
     outs = [_out("a", [7]), _out("b", [9], True, "stop")]
     outs[0].delta_logprobs, outs[1].delta_logprobs = entries[:1], entries[1:]

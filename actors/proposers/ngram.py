@@ -49,15 +49,14 @@ class NgramProposer(Proposer):
         """``ngram<n>``, n the longest suffix match (None: none). With ``seq_id``, from where each of
         its tokens occurs (``_Occurrences``, kept until ``release``): asked every step for every
         decoding sequence, it then looks at the last token's earlier places only, not the whole history."""
-        if seq_id is None:
-            n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
-        else:
+        n = None
+        if seq_id is not None:
             occ = self._occurrences.get(seq_id)
             if occ is None or occ.size > len(token_ids):
                 occ = self._occurrences[seq_id] = _Occurrences()
             n = occ.longest_match(token_ids, self.n_min, self.n_max)
-            if n is None:  # the last token is everywhere (a loop): one vectorised scan is cheaper
-                n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
+        if n is None:  # no sequence, or its last token is everywhere (a loop): one vectorised scan
+            n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
         return f"ngram{n}" if n else None
 
     def release(self, seq_id: int) -> None:

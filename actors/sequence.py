@@ -126,6 +126,25 @@ class Sequence:
     def remaining_tokens(self) -> int:
         return self.params.max_tokens - self.num_output_tokens
 
+    def append_tokens(self, tokens: list[int], eos_ids, max_model_len: int) -> None:
+        """Commit output tokens in order; the first that ends the request (an EOS unless ignored, a
+        stop token id, max_tokens or the model length reached) finishes it, and the rest are dropped."""
+        for tok in tokens:
+            tok = int(tok)
+            self.token_ids.append(tok)
+            if self.first_token_time is None:
+                self.first_token_time = time.perf_counter()
+            if (tok in eos_ids and not self.params.ignore_eos) or tok in self.params.stop_token_ids:
+                return self.finish("stop")
+            if self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len:
+                return self.finish("length")
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status = SeqStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.finish_time = time.perf_counter()
+
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the KV is dropped, the tokens are kept."""
         self.num_computed = 0

@@ -21,7 +21,7 @@ from actors.proposers.base import Proposer, ProposerContext
 from actors.sampling import sample_next
 from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
-from actors.sequence import Sequence, SeqStatus
+from actors.sequence import Sequence
 from actors.spec_policy import SpecPolicy
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk
@@ -186,7 +186,8 @@ class LLMEngine:
         self.clock.start()
         self.drafting.begin_step()
         if self.shared_kv is not None:  # local misses of the sequences about to be admitted, fetched
-            self.shared_kv.before_schedule(self.scheduler.waiting, self.config.max_num_seqs - self.scheduler.num_running)
+            room = self.config.max_num_seqs - self.scheduler.num_running
+            self.shared_kv.before_schedule(self.scheduler.waiting, room)
         try:
             sched = self.scheduler.schedule(self.drafting.budgets(self.scheduler.running))
         except KVServiceLost:  # a fresh, empty KV service: every running request recomputes
@@ -326,7 +327,7 @@ class LLMEngine:
                 if nrows:
                     tok = argmax[r0] if seq.params.greedy else sample_next(logits[r0], seq.params, seq.generator,
                                                                            position=seq.num_tokens)
-                    self._append(seq, [tok])
+                    seq.append_tokens([tok], self.eos_ids, self.max_model_len)
                     if seq.logprobs is not None:
                         record_logprobs(seq, raw, [r0], [tok])
                 continue
@@ -340,7 +341,7 @@ class LLMEngine:
             seq.num_computed = nc + 1 + len(res.accepted_nodes)
             seq.spec.record(tree.num_draft_tokens, len(res.accepted_nodes))
             self.drafting.record(seq, tree, len(res.accepted_nodes))
-            self._append(seq, res.accepted_tokens + [res.next_token])
+            seq.append_tokens(res.accepted_tokens + [res.next_token], self.eos_ids, self.max_model_len)
             if seq.logprobs is not None:  # rows: each accepted node's parent, then the last accepted node
                 record_logprobs(seq, raw, [r0 + n for n in [0, *res.accepted_nodes]], res.output_tokens)
         self.verifier.copy_slots(src, dst)
@@ -351,31 +352,15 @@ class LLMEngine:
         self.scheduler.settle([s.seq for s in scheduled])
 
     # ---- tokens, stops, bookkeeping -----------------------------------------------------
-    def _append(self, seq: Sequence, tokens: list[int]) -> None:
-        for tok in tokens:
-            seq.token_ids.append(int(tok))
-            if seq.first_token_time is None:
-                seq.first_token_time = _now()
-            if (int(tok) in self.eos_ids and not seq.params.ignore_eos) or int(tok) in seq.params.stop_token_ids:
-                return self._mark_finished(seq, "stop")
-            if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-                return self._mark_finished(seq, "length")
-
     def _check_stop_strings(self, seq: Sequence) -> None:
         if not seq.is_finished and seq.params.stop:
             if self.detok.find_stop(seq, self.detok.text_of(seq)) is not None:
-                self._mark_finished(seq, "stop")
-
-    def _mark_finished(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
-        seq.error = error
-        seq.finish_time = _now()
+                seq.finish("stop")
 
     def _finish_now(self, seq: Sequence, reason: str, error: str | None = None) -> RequestOutput:
         prev = seq.num_output_tokens
         if not seq.is_finished:
-            self._mark_finished(seq, reason, error)
+            seq.finish(reason, error)
             self.scheduler.remove(seq)
             self.drafting.release(seq)
         return self._emit(seq, prev)

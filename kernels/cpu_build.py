@@ -1,10 +1,12 @@
 """Building the CPU kernels of ``kernels/csrc`` (loaded and bound by ``kernels/cpu_native.py``).
 
 ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/specray/cpu_kernels``
-(``SPECRAY_KERNELS_DIR``), named by a hash of the sources and of this CPU's model and flags, so a
-changed source or another CPU builds anew (about 20 s on 2 cores) and a built one loads in about a
-second. Tests build other copies of the same sources under other op namespaces and flags
-(``build(("-mno-avx512f",), namespace=...)``).
+(``SPECRAY_KERNELS_DIR``), named by a hash of the sources, this CPU's model and flags and the torch
+installation compiled against, so a changed source or another CPU builds anew (about 20 s on 2
+cores) and a built one loads in about a second. Two virtual environments on one machine get a build
+each: with one shared build, each would find the other's compile command in it and compile again,
+rewriting a library the other may have loaded. Tests build other copies of the same sources under
+other op namespaces and flags (``build(("-mno-avx512f",), namespace=...)``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -33,12 +36,18 @@ def cpu_fingerprint() -> str:
     return "\n".join(sorted(set(keep))) or platform.machine()
 
 
+def toolchain() -> str:
+    """What the compile command names besides the sources and flags: torch's installation (its
+    headers and libraries) and Python's headers."""
+    return f"{torch.__version__}\n{Path(torch.__file__).resolve().parent}\n{sysconfig.get_paths()['include']}"
+
+
 def build_name(extra_cflags: tuple[str, ...] = ()) -> str:
-    """The extension's name: a hash of the sources, the flags and this CPU."""
+    """The extension's name: a hash of the sources, the flags, this CPU and the toolchain."""
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
-    h.update(" ".join(CFLAGS + extra_cflags).encode() + cpu_fingerprint().encode() + torch.__version__.encode())
+    h.update(" ".join(CFLAGS + extra_cflags).encode() + cpu_fingerprint().encode() + toolchain().encode())
     return f"specray_cpu_{h.hexdigest()[:12]}"
 
 

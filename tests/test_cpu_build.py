@@ -1,6 +1,6 @@
-"""The builds of kernels/csrc: named by sources, flags and CPU; the portable build (no AVX-512) and an
-AVX-512 build without VNNI and VBMI, each checked against the references or this CPU's build in a
-subprocess; a dead builder's lock; the kernels turned off."""
+"""The builds of kernels/csrc: named by sources, flags, CPU and torch installation; the portable build
+(no AVX-512) and an AVX-512 build without VNNI and VBMI, each checked against the references or this
+CPU's build in a subprocess; a dead builder's lock; the kernels turned off."""
 from __future__ import annotations
 
 import os
@@ -22,10 +22,13 @@ pytestmark = pytest.mark.skipif(not cn.load(), reason=f"CPU kernels not built: {
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_build_is_named_by_sources_flags_and_cpu():
+def test_the_build_is_named_by_sources_flags_cpu_and_torch(monkeypatch, tmp_path):
     name = cb.build_name()
     assert name.startswith("specray_cpu_") and name == cb.build_name()
     assert cb.build_name(("-mno-avx512f",)) != name
+    # another virtual environment's torch (same version): its own build, not a recompile of this one's
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "venv2" / "torch" / "__init__.py"))
+    assert cb.build_name() != name
 
 
 def test_the_portable_build_without_avx512_matches_the_references():

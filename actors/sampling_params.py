@@ -47,6 +47,10 @@ class SamplingParams(BaseModel):
                                       description="vLLM/CTRL: logits of seen tokens divided (> 0) or multiplied by it")
     logit_bias: tuple[tuple[int, float], ...] = Field((), description="(token id, bias) pairs, from {id: bias}")
     min_tokens: int = Field(0, ge=0, description="EOS is masked until this many tokens are generated")
+    # OpenAI's predicted outputs: text (or its token ids) the answer is expected to repeat, such as a
+    # file being edited. Prompt lookup drafts from it as from the prompt; the output is the target's
+    # own either way. Text is tokenized by the engine (LLMEngine.add_request), which passes ids on.
+    prediction: str | tuple[int, ...] | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -65,6 +69,15 @@ class SamplingParams(BaseModel):
         if not isinstance(v, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in v):
             raise ValueError("must be a list of token ids (non-negative integers)")
         return tuple(sorted(set(v)))
+
+    @field_validator("prediction", mode="before")
+    @classmethod
+    def _prediction(cls, v):
+        if v is None or isinstance(v, str):
+            return v or None
+        if not isinstance(v, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in v):
+            raise ValueError("must be text or a list of token ids (non-negative integers)")
+        return tuple(v) or None
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -104,6 +117,11 @@ class SamplingParams(BaseModel):
         verification needs no draft probabilities and a draft may offer several candidates per
         position (a dynamic tree); unseeded sampling needs independent draws from q (chains)."""
         return self.greedy or self.seed is not None
+
+    @property
+    def prediction_ids(self) -> tuple[int, ...]:
+        """The prediction's token ids (empty: none, or text the engine has not tokenized yet)."""
+        return self.prediction if isinstance(self.prediction, tuple) else ()
 
     @property
     def processes_logits(self) -> bool:

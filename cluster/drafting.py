@@ -244,7 +244,7 @@ class DraftPlanner:
         key = (seq.seq_id, seq.num_tokens)
         if key not in self.sources:
             try:
-                self.sources[key] = self.proposer.draft_source(seq.token_ids, seq.seq_id)
+                self.sources[key] = self.proposer.draft_source(seq.token_ids, seq.seq_id, seq.params.prediction_ids)
             except Exception:  # a failing proposer is handled (plain decoding) where it proposes
                 self.sources[key] = ""
         return self.sources[key]

@@ -149,6 +149,7 @@ class LLMEngine:
         ids = self.prompts.encode(prompt, chat)
         self.prompts.check_length(ids, self.max_model_len, self.model_config.vocab_size,
                                   params.max_tokens if fit_max_tokens else None)
+        params = self.prompts.encode_prediction(params, self.max_model_len)
         self.prompts.check_params(params, self.model_config.vocab_size)
         if params.return_hidden_states and not hasattr(self.verifier, "forward_logits_and_hidden"):
             raise ValueError(f"return_hidden_states: the verifier {type(self.verifier).__name__} returns no hidden "

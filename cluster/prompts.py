@@ -55,11 +55,24 @@ class PromptEncoder:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
+    def encode_prediction(self, params, max_model_len: int):
+        """``params`` with a text ``prediction`` replaced by its token ids (no special tokens), which
+        ``check_params`` then checks; a prediction longer than the context is refused."""
+        if isinstance(params.prediction, str):
+            params = params.model_copy(update={"prediction": tuple(
+                self.tokenizer.encode(params.prediction, add_special_tokens=False)) or None})
+        n = len(params.prediction_ids)
+        if n > max_model_len:
+            raise RequestError(f"prediction has {n} tokens, more than the model's context of {max_model_len} "
+                               "tokens", "prediction")
+        return params
+
     @staticmethod
     def check_params(params, vocab_size: int) -> None:
-        """Token ids inside the sampling parameters (``logit_bias``, ``stop_token_ids``) are in the
-        vocabulary."""
-        for field, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+        """Token ids inside the sampling parameters (``logit_bias``, ``stop_token_ids``, a tokenized
+        ``prediction``) are in the vocabulary."""
+        for field, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids),
+                           ("prediction", params.prediction_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise RequestError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})", field)

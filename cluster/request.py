@@ -30,7 +30,8 @@ from cluster.validation import REQUEST, first_field, format_validation_error
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos",
                    "spec_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                   "logit_bias", "min_tokens", "prompt_logprobs", "stop_token_ids", "include_stop_str_in_output")
+                   "logit_bias", "min_tokens", "prompt_logprobs", "stop_token_ids", "include_stop_str_in_output",
+                   "prediction")
 
 Prompt = str | list[int] | list[dict]
 
@@ -87,18 +88,19 @@ def chat_messages(messages: Sequence) -> list[dict]:
     return out
 
 
-def content_text(parts: Sequence, where: str) -> str:
+def content_text(parts: Sequence, where: str, field: str = "messages") -> str:
     """The text of a message's content parts (mappings or objects with ``type`` and ``text``): the
-    ``text`` parts joined with newlines; any other kind (image, audio, file) is refused."""
+    ``text`` parts joined with newlines; any other kind (image, audio, file) is refused, naming
+    ``field``."""
     texts = []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, Mapping) else getattr(part, "type", None)
         text = part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None)
         if kind != "text":
             raise RequestError(f"{where}.content[{j}]: content parts of type {kind!r} are not supported (this "
-                               f"server reads text only); send {{\"type\": \"text\", \"text\": ...}} parts", "messages")
+                               f"server reads text only); send {{\"type\": \"text\", \"text\": ...}} parts", field)
         if not isinstance(text, str):
-            raise RequestError(f"{where}.content[{j}]: a 'text' part needs a string 'text', got {text!r}", "messages")
+            raise RequestError(f"{where}.content[{j}]: a 'text' part needs a string 'text', got {text!r}", field)
         texts.append(text)
     return "\n".join(texts)
 

@@ -20,7 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
-from cluster.request import SAMPLING_FIELDS, Prompt, RequestError, chat_messages, engine_prompt, sampling_params
+from cluster.request import (SAMPLING_FIELDS, Prompt, RequestError, chat_messages, content_text, engine_prompt,
+                             sampling_params)
 from deployments.openai_fields import check_message, check_policy, policy_fields
 
 MAX_N = 16  # choices per request
@@ -72,6 +73,18 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: Any = None
+
+
+class Prediction(BaseModel):
+    """OpenAI's predicted outputs: text the answer is expected to repeat (lookup drafts from it)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return content_text(self.content, "prediction", "prediction")
 
 
 class ChatMessage(BaseModel):
@@ -130,7 +143,7 @@ class SamplingRequest(BaseModel):
             self.check_supported(max_model_len)
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
             fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k(),
-                          prompt_logprobs=self.prompt_logprobs_k())
+                          prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text())
             base = sampling_params(fields, default_max_tokens=max_model_len)
         if self.seed is None:
             return prompts, [base] * self.n
@@ -146,6 +159,10 @@ class SamplingRequest(BaseModel):
 
     def prompt_logprobs_k(self) -> int | None:
         """The same for the prompt's tokens (completions' echo), None = not computed."""
+        return None
+
+    def prediction_text(self) -> str | None:
+        """The predicted output's text (chat's ``prediction``), None = none."""
         return None
 
     @property
@@ -234,6 +251,10 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     add_generation_prompt: bool = True  # open an assistant turn after the messages
     continue_final_message: bool = False  # the answer continues the last (assistant) message
     echo: bool = False  # a last assistant message's content before each choice's content
+    prediction: Prediction | None = None
+
+    def prediction_text(self) -> str | None:
+        return None if self.prediction is None else self.prediction.text()
 
     def check_supported(self, max_model_len: int) -> None:
         super().check_supported(max_model_len)

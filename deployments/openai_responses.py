@@ -40,9 +40,16 @@ def total_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dic
 
 def openai_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dict:
     """``total_usage`` plus OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens served
-    from the prefix cache (device or host KV tier). HTTP only (the gRPC Usage message has no such field)."""
+    from the prefix cache (device or host KV tier), and for requests with a ``prediction``
+    ``completion_tokens_details``. HTTP only (the gRPC Usage message has no such fields)."""
     cached = sum(o.num_cached_tokens for o in prompt_heads(outs, per_prompt))
-    return {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached}}
+    usage = {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached}}
+    predicted = sum(o.num_prediction_tokens for o in outs)
+    if predicted:  # OpenAI's predicted outputs: the prediction's tokens the answers repeat, and the rest
+        accepted = sum(o.num_accepted_prediction_tokens for o in outs)
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                              "rejected_prediction_tokens": predicted - accepted}
+    return usage
 
 
 def total_speculation(outs: list[RequestOutput]) -> dict:

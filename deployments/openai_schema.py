@@ -37,11 +37,19 @@ class PromptTokensDetails(_Body):
     cached_tokens: int  # prompt tokens served from the prefix cache (device or host KV tier)
 
 
+class CompletionTokensDetails(_Body):
+    """Requests with a ``prediction`` (OpenAI's predicted outputs): its tokens that the answer
+    repeats and those it does not."""
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(_Body):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None  # answers and the final usage chunk
+    completion_tokens_details: CompletionTokensDetails | None = None  # requests with a prediction
 
 
 class Speculation(_Body):

@@ -11,7 +11,7 @@ REJECTED = {
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
-    "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "high",
+    "web_search_options": {}, "reasoning_effort": "high",
     "verbosity": "low", "moderation": {"model": "omni-moderation-latest"}, "response_format": {"type": "json_object"},
     "suffix": "!", "best_of": 2,
 }

@@ -86,3 +86,34 @@ def test_draft_source_per_sequence_equals_the_scan(alphabet):
     fresh = [1, 2, 3, 1, 2]
     ngram.draft_source([9, 9, 9, 9, 9, 9], 7)
     assert ngram.draft_source(fresh, 7) == ngram.draft_source(fresh) == "ngram2"  # shorter: indexed anew
+
+
+# ---- a request's prediction (OpenAI's predicted outputs) -----------------------------------------
+PREDICTION = (40, 41, 42, 43, 44, 45, 46)
+
+
+def _predicted(tokens, k, max_nodes, prediction=PREDICTION):
+    return DraftRequest(0, list(tokens), [1] * k, max_nodes, SamplingParams(prediction=prediction), None, [], 50)
+
+
+def test_lookup_drafts_from_the_prediction():
+    ngram = NgramProposer(2, 16, width=2)
+    assert ngram.propose([_predicted([1, 2, 41, 42], 3, 4)])[0].tokens == [42, 43, 44, 45, 46]
+    assert ngram.draft_source([1, 2, 41, 42], 3, PREDICTION) == "ngram2p"
+    assert ngram.draft_source([1, 2, 41, 42], 4) is None  # without it: nothing to copy
+    # a longer match in the sequence's own tokens counts too; a request with a prediction keeps its
+    # own kind of source (the adaptive policy's estimates apart from plain lookup's)
+    own = [41, 42, 43, 7, 8, 9, 10, 7, 8, 9, 10]
+    assert ngram.draft_source(own, 5, PREDICTION) == "ngram4p" and ngram.draft_source(own, 6) == "ngram4"
+
+
+def test_a_prediction_draft_stops_at_its_end_and_never_matches_across_it():
+    ngram = NgramProposer(2, 16, width=1)
+    # the prediction's last tokens match: its continuation ends with it (not into the prompt)
+    tree = ngram.propose([_predicted([44, 45], 5, 10, prediction=(43, 44, 45))])[0]
+    assert tree.size == 1  # nothing follows "44 45" in the prediction
+    tree = ngram.propose([_predicted([9, 43, 44], 5, 10, prediction=(43, 44, 45))])[0]
+    assert tree.tokens == [44, 45]
+    # the end of the prediction followed by the start of the prompt is not a match
+    assert ngram.draft_source([46, 1, 2, 3, 46, 1], 6, PREDICTION) == "ngram2p"  # in the prompt itself
+    assert ngram.draft_source([1, 9, 9, 46, 1], 7, PREDICTION) is None

@@ -107,7 +107,7 @@ class _Fixed(Proposer):
         self.calls.append([r.seq_id for r in reqs])
         return [TokenTree.chain(r.token_ids[-1], [self.token]) for r in reqs]
 
-    def draft_source(self, token_ids, seq_id=None):
+    def draft_source(self, token_ids, seq_id=None, reference=()):
         return self.name
 
     def release(self, seq_id):

@@ -113,11 +113,13 @@ class Proposer(ABC):
         """Health figures for the replica's stats endpoint (remote proposers: live workers, restarts)."""
         return {}
 
-    def draft_source(self, token_ids: list[int], seq_id: int | None = None) -> str | None:
+    def draft_source(self, token_ids: list[int], seq_id: int | None = None,
+                     reference: tuple[int, ...] = ()) -> str | None:
         """What kind of draft this proposer would make after ``token_ids`` (None: no draft at all).
         The adaptive policy keeps acceptance estimates per kind: n-gram lookup after a 4-token
         match is right far more often than after a 1-token one. ``seq_id``: the sequence these are
-        the tokens of (a proposer may keep what it learnt of them until ``release``)."""
+        the tokens of (a proposer may keep what it learnt of them until ``release``); ``reference``:
+        the request's prediction token ids (``SamplingParams.prediction_ids``)."""
         return self.name
 
     def nodes_per_depth(self, source: str | None) -> int:

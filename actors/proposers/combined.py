@@ -46,9 +46,10 @@ class FallbackProposer(Proposer):
         self.needs_hidden = first.needs_hidden or second.needs_hidden
         self.num_first = self.num_second = 0  # requests drafted by each (read by tests)
 
-    def draft_source(self, token_ids: list[int], seq_id: int | None = None) -> str | None:
-        src = self.first.draft_source(token_ids, seq_id)
-        return src if src is not None else self.second.draft_source(token_ids, seq_id)
+    def draft_source(self, token_ids: list[int], seq_id: int | None = None,
+                     reference: tuple[int, ...] = ()) -> str | None:
+        src = self.first.draft_source(token_ids, seq_id, reference)
+        return src if src is not None else self.second.draft_source(token_ids, seq_id, reference)
 
     def nodes_per_depth(self, source: str | None) -> int:
         return max(self.first.nodes_per_depth(source), self.second.nodes_per_depth(source))

@@ -16,7 +16,11 @@ class NgramProposer(Proposer):
     depth, as a dynamic tree does (within its cap), and fills them: each of up to ``width`` distinct
     continuations runs as far as the nodes allow (``max_nodes``, within ``max_depth``), merged and
     cut breadth-first. Where text is copied, ten tokens of one continuation are worth more than the
-    head's ten-node tree; the head's nodes stay where lookup finds nothing."""
+    head's ten-node tree; the head's nodes stay where lookup finds nothing.
+
+    A request's ``prediction`` (OpenAI's predicted outputs: token ids the answer is expected to
+    repeat) is searched as if it stood before the prompt, behind a separator no token matches: its
+    continuations are drafted like the prompt's, and a draft never runs from it into the prompt."""
 
     name = "ngram"
 
@@ -35,7 +39,7 @@ class NgramProposer(Proposer):
         return [self._propose_one(r) for r in reqs]
 
     def _propose_one(self, req: DraftRequest) -> TokenTree:
-        tokens = np.asarray(req.token_ids, dtype=np.int64)
+        tokens = with_reference(req.token_ids, req.params.prediction_ids)
         depth = len(req.expansion)
         width = req.expansion[0] if req.expansion else 0
         if self.width > 1 and depth:  # fill the reserved nodes: farther, and up to `width` candidates
@@ -45,10 +49,21 @@ class NgramProposer(Proposer):
             return TokenTree.root(int(tokens[-1]))
         return truncate_tree(merge_trees(trees), req.max_nodes)
 
-    def draft_source(self, token_ids: list[int], seq_id: int | None = None) -> str | None:
-        """``ngram<n>``, n the longest suffix match (None: none). With ``seq_id``, from where each of
-        its tokens occurs (``_Occurrences``, kept until ``release``): asked every step for every
-        decoding sequence, it then looks at the last token's earlier places only, not the whole history."""
+    def draft_source(self, token_ids: list[int], seq_id: int | None = None,
+                     reference: tuple[int, ...] = ()) -> str | None:
+        """``ngram<n>``, n the longest suffix match (None: none). With a ``reference`` (a request's
+        prediction) ``ngram<n>p``, n the longest match in it or the history: such requests' drafts
+        copy from a text given for the purpose, and the adaptive policy keeps their estimates apart."""
+        n = self._history_match(token_ids, seq_id)
+        if reference:  # the prediction, then the last n_max + 1 tokens (a longer match is the history's own)
+            n = max(n, self._longest_match(with_reference(token_ids[-self.n_max - 1:], reference))[0])
+        return f"ngram{n}{'p' if reference else ''}" if n else None
+
+    def _history_match(self, token_ids: list[int], seq_id: int | None) -> int:
+        """The longest suffix match in the sequence's own tokens (0: none). With ``seq_id``, from
+        where each of its tokens occurs (``_Occurrences``, kept until ``release``): asked every step
+        for every decoding sequence, it then looks at the last token's earlier places only, not the
+        whole history."""
         n = None
         if seq_id is not None:
             occ = self._occurrences.get(seq_id)
@@ -57,7 +72,7 @@ class NgramProposer(Proposer):
             n = occ.longest_match(token_ids, self.n_min, self.n_max)
         if n is None:  # no sequence, or its last token is everywhere (a loop): one vectorised scan
             n, _ = self._longest_match(np.asarray(token_ids, dtype=np.int64))
-        return f"ngram{n}" if n else None
+        return n
 
     def release(self, seq_id: int) -> None:
         self._occurrences.pop(seq_id, None)
@@ -82,12 +97,22 @@ class NgramProposer(Proposer):
         n, starts = self._longest_match(tokens)
         out: list[list[int]] = []
         for s in starts[::-1]:  # most recent match first
-            cont = tokens[s + n: s + n + depth].tolist()
+            cont = tokens[s + n: s + n + depth]
+            cut = np.flatnonzero(cont < 0)  # a prediction's continuation ends at its separator
+            cont = (cont[:cut[0]] if len(cut) else cont).tolist()
             if cont and cont not in out:
                 out.append(cont)
             if len(out) >= width:
                 break
         return out
+
+
+def with_reference(token_ids: list[int], reference: tuple[int, ...]) -> np.ndarray:
+    """[len(reference) + 1 + len(token_ids)]: the reference, a separator (-1, no token's id), then
+    the tokens; just the tokens without a reference."""
+    if not reference:
+        return np.asarray(token_ids, dtype=np.int64)
+    return np.concatenate([np.asarray(reference, dtype=np.int64), [-1], np.asarray(token_ids, dtype=np.int64)])
 
 
 MAX_PLACES = 64  # more earlier places of the last token than this: numpy's scan beats Python's filter

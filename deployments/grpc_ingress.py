@@ -21,7 +21,7 @@ from cluster.request import RequestError, chat_messages
 from deployments.http_guard import bearer_matches
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, checked_logprobs_k
 from deployments.openai_logprobs import LogprobFormatter
-from deployments.openai_responses import finish_reason_of, total_speculation, total_usage
+from deployments.openai_responses import finish_reason_of, prediction_counts, total_speculation, total_usage
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:
@@ -69,6 +69,8 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
     if msg.HasField("logprobs"):  # HTTP's two shapes of one ask: completions' k, chat's flag and k
         k = checked_logprobs_k(msg.logprobs, "logprobs")
         fields.update({"logprobs": True, "top_logprobs": k} if msg.messages else {"logprobs": k})
+    if msg.HasField("prediction"):
+        fields["prediction"] = {"type": "content", "content": msg.prediction}
     if stream:
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
@@ -78,6 +80,10 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
     except ValidationError as e:
         err = RequestError.from_validation(e)
         raise APIError(400, str(err), param=err.field) from None
+
+
+def _usage(outs: list[RequestOutput]) -> pb.Usage:
+    return pb.Usage(**total_usage(outs), **prediction_counts(outs))
 
 
 def _speculation(outs: list[RequestOutput]) -> pb.Speculation:
@@ -93,7 +99,7 @@ def to_response(rid: str, model: str, outs: list[RequestOutput], logprobs: list 
     tokens' ``TokenLogprob``s when the request asked (``fmt`` names their tokens)."""
     out = outs[0]
     return pb.GenerateResponse(id=rid, model=model, text=out.text, token_ids=list(out.token_ids),
-                               finish_reason=finish_reason_of(out) or "", usage=pb.Usage(**total_usage(outs)),
+                               finish_reason=finish_reason_of(out) or "", usage=_usage(outs),
                                speculation=_speculation(outs), logprobs=fmt.by_id(logprobs) if logprobs else [])
 
 
@@ -122,7 +128,7 @@ async def to_chunks(gen: Generation, model: str,
     except RuntimeError as e:  # the engine loop failed or stopped under this request
         raise APIError(503, f"generation failed: {e}") from None
     last = held or pb.GenerateChunk(id=gen.rid, model=model)
-    last.usage.CopyFrom(pb.Usage(**total_usage(finals)))
+    last.usage.CopyFrom(_usage(finals))
     last.speculation.CopyFrom(_speculation(finals))
     yield last
 

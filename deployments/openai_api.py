@@ -131,6 +131,7 @@ class SamplingRequest(BaseModel):
     min_tokens: Int | None = None  # extension (vLLM)
     stop_token_ids: list[Int] | None = None  # extension (vLLM)
     include_stop_str_in_output: bool | None = None  # extension (vLLM)
+    prediction: Prediction | None = None  # OpenAI's predicted outputs (chat; completions: extension)
 
     def to_engine(self, max_model_len: int) -> tuple[list[Prompt], list[SamplingParams]]:
         """The engine prompts (one, or a completion request's list) and the SamplingParams of each
@@ -162,8 +163,8 @@ class SamplingRequest(BaseModel):
         return None
 
     def prediction_text(self) -> str | None:
-        """The predicted output's text (chat's ``prediction``), None = none."""
-        return None
+        """The predicted output's text, None = none."""
+        return None if self.prediction is None else self.prediction.text()
 
     @property
     def prompt_only(self) -> bool:
@@ -251,10 +252,6 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     add_generation_prompt: bool = True  # open an assistant turn after the messages
     continue_final_message: bool = False  # the answer continues the last (assistant) message
     echo: bool = False  # a last assistant message's content before each choice's content
-    prediction: Prediction | None = None
-
-    def prediction_text(self) -> str | None:
-        return None if self.prediction is None else self.prediction.text()
 
     def check_supported(self, max_model_len: int) -> None:
         super().check_supported(max_model_len)

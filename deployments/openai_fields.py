@@ -137,9 +137,9 @@ FIELDS: tuple[FieldPolicy, ...] = (
                 _is("none")),
     FieldPolicy("audio", REJ, True, False, "audio output is not supported"),
     FieldPolicy("modalities", REJ, True, False, "text output only; `[\"text\"]` accepted", _is(["text"])),
-    FieldPolicy("prediction", IMPL, True, False,
-                "`{\"type\": \"content\", \"content\": ...}`: prompt lookup drafts from it too; the answer is the "
-                "model's own either way"),
+    FieldPolicy("prediction", IMPL, True, True,
+                "`{\"type\": \"content\", \"content\": ...}` (completions: extension): prompt lookup drafts from "
+                "it too; the answer is the model's own either way"),
     FieldPolicy("web_search_options", REJ, True, False, "web search is not supported"),
     FieldPolicy("reasoning_effort", REJ, True, False, "the served model does not reason; `\"none\"` accepted",
                 _is("none")),

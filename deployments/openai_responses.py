@@ -41,15 +41,22 @@ def total_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dic
 def openai_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> dict:
     """``total_usage`` plus OpenAI's ``prompt_tokens_details.cached_tokens``: prompt tokens served
     from the prefix cache (device or host KV tier), and for requests with a ``prediction``
-    ``completion_tokens_details``. HTTP only (the gRPC Usage message has no such fields)."""
+    ``completion_tokens_details``. HTTP only (the gRPC Usage message has no cached tokens)."""
     cached = sum(o.num_cached_tokens for o in prompt_heads(outs, per_prompt))
     usage = {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached}}
-    predicted = sum(o.num_prediction_tokens for o in outs)
-    if predicted:  # OpenAI's predicted outputs: the prediction's tokens the answers repeat, and the rest
-        accepted = sum(o.num_accepted_prediction_tokens for o in outs)
-        usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                              "rejected_prediction_tokens": predicted - accepted}
+    if details := prediction_counts(outs):
+        usage["completion_tokens_details"] = details
     return usage
+
+
+def prediction_counts(outs: list[RequestOutput]) -> dict:
+    """OpenAI's predicted-output counts of a request's choices: the prediction's tokens the answers
+    repeat, and the rest ({} for a request without a prediction)."""
+    predicted = sum(o.num_prediction_tokens for o in outs)
+    if not predicted:
+        return {}
+    accepted = sum(o.num_accepted_prediction_tokens for o in outs)
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": predicted - accepted}
 
 
 def total_speculation(outs: list[RequestOutput]) -> dict:

@@ -197,3 +197,22 @@ def test_final_output_becomes_the_response_directly():
     assert (r.id, r.model, r.text, list(r.token_ids), r.finish_reason) == ("cmpl-2", "m", "Hello", [1, 2, 3], "abort")
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (4, 3, 7)
     assert (r.speculation.num_drafts, r.speculation.acceptance_rate) == (1, 0.5)
+
+
+def test_prediction_maps_for_both_kinds_and_its_counts_reach_the_usage():
+    from deployments.grpc_ingress import to_openai_request, to_response
+
+    for request in (pb.GenerateRequest(prompt="hi", prediction="Hello there"),
+                    chat_request(prediction="Hello there")):
+        req, _ = to_openai_request(request, stream=False)
+        assert req.to_engine(64)[1][0].prediction == "Hello there"
+    assert to_openai_request(chat_request(), stream=False)[0].to_engine(64)[1][0].prediction is None
+    out = _out("Hello", [1, 2, 3], True, "stop")
+    out.num_prediction_tokens, out.num_accepted_prediction_tokens = 5, 3
+    usage = to_response("cmpl-5", "m", [out]).usage
+    assert (usage.accepted_prediction_tokens, usage.rejected_prediction_tokens) == (3, 2)
+    assert not to_response("cmpl-6", "m", [_out("Hello", [1, 2, 3], True, "stop")]).usage.HasField(
+        "accepted_prediction_tokens")  # no prediction: no counts
+    outs = [_out("a", [7]), _out("b", [9], True, "stop")]
+    outs[1].num_prediction_tokens, outs[1].num_accepted_prediction_tokens = 4, 4
+    assert _chunks(outs)[-1].usage.rejected_prediction_tokens == 0

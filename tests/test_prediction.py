@@ -105,6 +105,12 @@ def test_the_official_client_sends_a_prediction_and_reads_its_usage(app):  # noq
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens_details.rejected_prediction_tokens == 0
 
+    async def completion(client):  # an extension on completions
+        return await client.completions.create(model="smollm2-135m", prompt="The sea is", max_tokens=16,
+                                               temperature=0, extra_body={"prediction": {"type": "content",
+                                                                                         "content": "x"}})
+    assert _call(app, completion).usage.completion_tokens_details.accepted_prediction_tokens == 0
+
     with pytest.raises(openai.BadRequestError) as e:
         _chat(app, prediction={"type": "content", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]})
     assert e.value.body["param"] == "prediction" and "image_url" in e.value.body["message"]

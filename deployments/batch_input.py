@@ -45,6 +45,7 @@ class BatchLine(BaseModel):
     include_stop_str_in_output: StrictBool | None = None
     spec_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
+    prediction: StrictStr | None = None  # text the answer is expected to repeat: lookup drafts from it
 
     @field_validator("id", mode="before")
     @classmethod

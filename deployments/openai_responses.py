@@ -14,8 +14,12 @@ def new_id(prefix: str) -> str:
 
 
 def usage_of(out: RequestOutput) -> dict:
-    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-            "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+    """One choice's token counts, and its prediction's as over HTTP when it had one."""
+    usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
+             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+    if details := prediction_counts([out]):
+        usage["completion_tokens_details"] = details
+    return usage
 
 
 def speculation_of(out: RequestOutput) -> dict:

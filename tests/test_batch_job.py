@@ -77,7 +77,7 @@ def test_reader_turns_each_line_into_a_request_or_an_error_naming_field_and_valu
     path = _write_jsonl(tmp_path / "in.jsonl", [
         {"id": "a", "prompt": "hi", "max_tokens": 3, "stop": "x", "temperature": 1, "seed": 5, "min_p": 0.1,
          "stop_token_ids": [7], "include_stop_str_in_output": True},
-        {"id": 7, "messages": [{"role": "user", "content": "hello"}]},
+        {"id": 7, "messages": [{"role": "user", "content": "hello"}], "prediction": "Hello!"},
         "",
         '{"id": "b", "prompt": ',
         [1, 2],
@@ -99,7 +99,8 @@ def test_reader_turns_each_line_into_a_request_or_an_error_naming_field_and_valu
     assert a == BatchRequest(1, "a", "hi",
                              SamplingParams(max_tokens=3, stop=("x",), temperature=1.0, seed=5, min_p=0.1,
                                             stop_token_ids=(7,), include_stop_str_in_output=True))
-    assert b == BatchRequest(2, 7, [{"role": "user", "content": "hello"}], SamplingParams(max_tokens=MAX_TOKENS))
+    assert b == BatchRequest(2, 7, [{"role": "user", "content": "hello"}],
+                             SamplingParams(max_tokens=MAX_TOKENS, prediction="Hello!"))
     errors = items[2:]
     assert all(isinstance(e, LineError) for e in errors)
     expected = [  # (line, id, words the message must hold); line 3 is blank: not a request
@@ -114,6 +115,18 @@ def test_reader_turns_each_line_into_a_request_or_an_error_naming_field_and_valu
     assert [(e.line, e.id) for e in errors] == [(n, i) for n, i, _ in expected]
     for e, (_, _, words) in zip(errors, expected):
         assert words in e.error, (e, words)
+
+
+def test_a_result_counts_its_prediction():
+    from cluster.outputs import RequestOutput
+
+    out = RequestOutput("r", "Hi", [5, 6], "", [], True, "stop", 3, 2, 1, 2, 2)
+    req = BatchRequest(1, "a", "hello", SamplingParams(prediction="Hi there"))
+    plain = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert batch_output.result_record(req, out)["usage"] == plain  # no prediction counted: none shown
+    out.num_prediction_tokens, out.num_accepted_prediction_tokens = 3, 2
+    assert batch_output.result_record(req, out)["usage"] == {
+        **plain, "completion_tokens_details": {"accepted_prediction_tokens": 2, "rejected_prediction_tokens": 1}}
 
 
 def test_existing_results_drop_a_torn_last_line_and_reject_a_foreign_file(tmp_path):

@@ -114,5 +114,8 @@ def test_the_official_client_sends_a_prediction_and_reads_its_usage(app):  # noq
     with pytest.raises(openai.BadRequestError) as e:
         _chat(app, prediction={"type": "content", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]})
     assert e.value.body["param"] == "prediction" and "image_url" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # past the app's 256-token context
+        _chat(app, prediction={"type": "content", "content": "sea " * 300})
+    assert e.value.body["param"] == "prediction" and "more than the model's context of 256" in e.value.body["message"]
     with pytest.raises(openai.UnprocessableEntityError, match="prediction.type"):
         _chat(app, prediction={"type": "file", "content": text})

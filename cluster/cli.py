@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     _add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    g.add_argument("--prompts-file", default=None, help="JSONL with `prompt` or `messages`, optional `max_tokens`")
+    g.add_argument("--prompts-file", default=None,
+                   help="JSONL with `prompt` or `messages`, optional `max_tokens` and `prediction` (text the answer "
+                        "is expected to repeat: a draft source for lookup)")
     g.add_argument("--concurrency", type=int, default=None, help="at most C prompts in flight (default all)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     g.add_argument("--ray", action="store_true", help="run through Ray actors (local instance, or RAY_ADDRESS)")
@@ -170,15 +172,16 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop")  # -
 
 def engine_requests(args, lines: list):
     """One engine request per prompt line (``cluster.prompt_file.PromptLine``: its messages, else its
-    text; optional ``max_tokens``), the sampling flags applying to all; RequestError (a ValueError)
-    names the first bad value."""
+    text; optional ``max_tokens`` and ``prediction``), the sampling flags applying to all;
+    RequestError (a ValueError) names the first bad value."""
     from cluster.request import engine_request, is_chat
 
     flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
     out = []
     for line in lines:
         prompt = {"messages" if is_chat(line.prompt) else "prompt": line.prompt}
-        out.append(engine_request({**flags, **prompt, "max_tokens": line.fields.get("max_tokens")}, args.max_tokens))
+        own = {"max_tokens": line.fields.get("max_tokens"), "prediction": line.fields.get("prediction")}
+        out.append(engine_request({**flags, **prompt, **own}, args.max_tokens))
     return out
 
 

@@ -51,6 +51,21 @@ def test_bad_prompts_file_names_the_line(capsys, tmp_path):
     assert code == 2 and "'prompt' or a 'messages'" in err
 
 
+def test_a_prompts_file_line_carries_its_prediction():
+    from argparse import Namespace
+
+    from cluster.cli import SAMPLING_FLAGS, engine_requests
+    from cluster.prompt_file import PromptLine
+    from cluster.request import RequestError
+
+    args = Namespace(max_tokens=16, **dict.fromkeys(SAMPLING_FLAGS))
+    lines = [PromptLine(1, {"prompt": "a", "prediction": "b c"}), PromptLine(2, {"prompt": "x", "max_tokens": 4})]
+    assert [(r.params.prediction, r.params.max_tokens) for r in engine_requests(args, lines)] == [("b c", 16),
+                                                                                                 (None, 4)]
+    with pytest.raises(RequestError, match="prediction"):
+        engine_requests(args, [PromptLine(3, {"prompt": "a", "prediction": 5})])
+
+
 def test_console_script_exit_code_and_no_traceback():
     exe = REPO / ".venv" / "bin" / "specray"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cluster.cli"]

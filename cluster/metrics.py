@@ -1,4 +1,4 @@
-"""Prometheus metrics of one engine, and the snapshot/merge/render helpers that aggregate replicas.
+"""Prometheus metrics of one engine (aggregated across replicas by ``cluster.metrics_merge``).
 
 ``EngineMetrics`` owns its own ``CollectorRegistry`` (never the process-global default one): tests
 build many engines in one process, and each Serve replica exports exactly its own engine's series.
@@ -35,10 +35,12 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   counts every request received and not yet running: the engine's waiting queue plus the line of
   the replica's admission control (``watch_queue``; deployments/admission.py), which
   ``num_requests_queued`` shows alone (0 without one). ``process_resident_memory_bytes``: the
-  RSS of the engine's process (the replica; summed over replicas when merged), read at scrape time; ``kv.stats()`` is the
-  one interface, so a remote KV service (``cluster.replica.RemoteKV``: an actor call) works like
-  the in-process one; if it cannot answer, the KV series are left out of that scrape rather than
-  reported as zeros;
+  RSS of the engine's process (the replica; summed over replicas when merged), read at scrape
+  time; ``kv.stats()`` is the one interface, so a remote KV service (``cluster.replica.RemoteKV``:
+  an actor call) works like the in-process one; if it cannot answer, the KV series are left out of
+  that scrape rather than reported as zeros;
+- ``prediction_tokens{outcome}``: the tokens of finished requests' predictions (OpenAI's predicted
+  outputs) that their answers repeated (``accepted``) or not (``rejected``), as their usage reports;
 - HTTP answers by route and status (filled by the ingress middleware);
 - ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process
   (actors/gc_pauses.py).
@@ -46,22 +48,20 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
 The engine calls ``observe_step`` once per step and ``record_output`` once per emitted output;
 neither does per-token work.
 
-Aggregation: ``snapshot`` turns a registry into plain picklable tuples, ``merge_snapshots`` sums
-several (counters, histogram buckets/sum/count and count-like gauges; the KV usage ratio is
-recomputed from the summed used/total blocks, the estimated speedup averaged) and ``render`` writes Prometheus text from a
-snapshot. ``deployments.metrics_hub`` uses them to show every replica's totals on any replica.
+Aggregation across replicas: ``cluster.metrics_merge``.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from actors import gc_pauses
 from cluster.heap import resident_bytes
+from cluster.metrics_merge import KV_TOTAL, KV_USAGE, KV_USED, P, SPEEDUP, Snapshot, snapshot
 
 if TYPE_CHECKING:
     from cluster.outputs import RequestOutput
@@ -69,12 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specray.metrics")
 
-P = "specray:"
 FINISH_REASONS = ("stop", "length", "abort", "error")
-KV_USED, KV_TOTAL, KV_USAGE = P + "kv_blocks_used", P + "kv_blocks_total", P + "kv_cache_usage_perc"
-SPEEDUP = P + "spec_decode_estimated_speedup"
-# merged as the mean over the replicas that report them (ratios, and the one shared tier's figures, do not sum)
-MEAN_GAUGES = (SPEEDUP, P + "kv_shared_tier_capacity_bytes", P + "kv_shared_tier_bytes", P + "kv_shared_tier_blocks")
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -131,6 +126,11 @@ class EngineMetrics:
         self.generation_tokens = Counter(P + "generation_tokens", "Output tokens emitted", registry=r)
         self.http_requests = Counter(P + "http_requests", "HTTP answers by route template and status",
                                      ["route", "status"], registry=r)
+        self.prediction_tokens = Counter(P + "prediction_tokens",
+                                         "Tokens of finished requests' predictions their answers repeated or not",
+                                         ["outcome"], registry=r)
+        for outcome in ("accepted", "rejected"):
+            self.prediction_tokens.labels(outcome=outcome)
         for reason in FINISH_REASONS:
             self.request_success.labels(finished_reason=reason)
         self._state = _EngineStateCollector()
@@ -203,6 +203,10 @@ class EngineMetrics:
                 self.tpot.observe((out.e2e_s - out.ttft_s) / (out.num_output_tokens - 1))
         if out.e2e_s is not None:
             self.e2e.observe(out.e2e_s)
+        if out.num_prediction_tokens:
+            self.prediction_tokens.labels(outcome="accepted").inc(out.num_accepted_prediction_tokens)
+            self.prediction_tokens.labels(outcome="rejected").inc(
+                out.num_prediction_tokens - out.num_accepted_prediction_tokens)
 
     def record_http(self, route: str, status: int | str) -> None:
         self.http_requests.labels(route=route, status=str(status)).inc()
@@ -323,75 +327,3 @@ def _kv_offload_metrics(stats: dict) -> Iterable[Metric]:
         moved.add_metric(["host_to_disk"], stats["disk_bytes_out"])
         moved.add_metric(["disk_to_device"], stats["disk_bytes_in"])
     yield from (hits, blocks, moved)
-
-
-# ---- snapshots: plain data, summable across replicas ------------------------------------------
-class Family(NamedTuple):
-    name: str
-    type: str  # counter | gauge | histogram
-    documentation: str
-    samples: tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]  # (sample name, labels, value)
-
-
-Snapshot = list[Family]
-
-
-def snapshot(registry) -> Snapshot:
-    """The registry's current samples as picklable tuples (``_created`` timestamps dropped: they
-    cannot be summed)."""
-    out = []
-    for m in registry.collect():
-        samples = tuple((s.name, tuple(sorted(s.labels.items())), float(s.value))
-                        for s in m.samples if not s.name.endswith("_created"))
-        out.append(Family(m.name, m.type, m.documentation, samples))
-    return out
-
-
-def merge_snapshots(live: Iterable[Snapshot], retired: Iterable[Snapshot] = ()) -> Snapshot:
-    """Sum snapshots sample by sample. ``retired`` ones (replicas that left) contribute their
-    counters and histograms only, so totals never go backwards; their gauges are gone with them.
-    The KV usage ratio is recomputed from the summed used and total blocks; ``MEAN_GAUGES`` are
-    averaged over the snapshots that report them."""
-    acc: dict[str, tuple[str, str, dict]] = {}
-    reports: dict[tuple, int] = {}  # (family, sample, labels) of MEAN_GAUGES -> snapshots reporting it
-    for snaps, with_gauges in ((live, True), (retired, False)):
-        for snap in snaps:
-            for fam in snap:
-                if fam.type == "gauge" and not with_gauges:
-                    continue
-                _, _, values = acc.setdefault(fam.name, (fam.type, fam.documentation, {}))
-                for name, labels, value in fam.samples:
-                    values[(name, labels)] = values.get((name, labels), 0.0) + value
-                    if fam.name in MEAN_GAUGES:
-                        reports[(fam.name, name, labels)] = reports.get((fam.name, name, labels), 0) + 1
-    for (fam_name, name, labels), n in reports.items():
-        acc[fam_name][2][(name, labels)] /= n
-    if KV_USAGE in acc:
-        used, total = (_single(acc, n) for n in (KV_USED, KV_TOTAL))
-        acc[KV_USAGE][2].clear()
-        acc[KV_USAGE][2][(KV_USAGE, ())] = used / total if total else 0.0
-    return [Family(name, typ, doc, tuple((n, labels, v) for (n, labels), v in values.items()))
-            for name, (typ, doc, values) in acc.items()]
-
-
-def _single(acc: dict, name: str) -> float:
-    return sum(acc[name][2].values()) if name in acc else 0.0
-
-
-class _SnapshotCollector:
-    def __init__(self, snap: Snapshot):
-        self.snap = snap
-
-    def collect(self) -> Iterable[Metric]:
-        for fam in self.snap:
-            m = Metric(fam.name, fam.documentation, fam.type)
-            for name, labels, value in fam.samples:
-                m.add_sample(name, dict(labels), value)
-            yield m
-
-
-def render(snap: Snapshot) -> bytes:
-    """Prometheus text exposition (serve with ``prometheus_client.CONTENT_TYPE_LATEST``)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_SnapshotCollector(snap))
-    return generate_latest(registry)

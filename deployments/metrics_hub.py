@@ -13,7 +13,7 @@ every answer shows the deployment's totals:
   ``PUSH_INTERVAL_S`` from a background thread, and once more right before answering /metrics;
   the push returns the merged view: counters and histogram buckets/sum/count summed, count-like
   gauges (requests, KV blocks) summed, the KV usage ratio recomputed from the summed blocks
-  (``cluster.metrics.merge_snapshots``), rendered as Prometheus text by ``cluster.metrics.render``
+  (``cluster.metrics_merge.merge_snapshots``), rendered as Prometheus text by ``cluster.metrics_merge.render``
   (a custom Collector + ``generate_latest``).
 - So the answering replica's own samples are exact; the others' are at most ``PUSH_INTERVAL_S``
   old.
@@ -34,7 +34,8 @@ import time
 import ray
 from ray.serve._private.constants import SERVE_NAMESPACE
 
-from cluster.metrics import EngineMetrics, Snapshot, merge_snapshots, render
+from cluster.metrics import EngineMetrics
+from cluster.metrics_merge import Snapshot, merge_snapshots, render
 
 log = logging.getLogger("specray.metrics_hub")
 

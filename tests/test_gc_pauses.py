@@ -13,7 +13,8 @@ from pathlib import Path
 
 from actors import gc_pauses
 from actors.gc_pauses import BUCKETS, PauseRecorder
-from cluster.metrics import EngineMetrics, merge_snapshots
+from cluster.metrics import EngineMetrics
+from cluster.metrics_merge import merge_snapshots
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.sampling_params import SamplingParams
-from cluster.metrics import KV_TOTAL, KV_USAGE, KV_USED, EngineMetrics, Snapshot, merge_snapshots, render, snapshot
+from cluster.metrics import EngineMetrics
+from cluster.metrics_merge import KV_TOTAL, KV_USAGE, KV_USED, Snapshot, merge_snapshots, render, snapshot
 from tests.tiny import tiny_engine
 from tests.serve_app import ngram_engine, serve_app
 

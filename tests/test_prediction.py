@@ -77,9 +77,19 @@ def test_the_final_output_counts_the_prediction(engine):
     assert plain.num_prediction_tokens == 0
     ids = engine.prompts.tokenizer.encode(plain.text, add_special_tokens=False)
     edited = ids[:10] + [42, 43] + ids[20:]  # 10 tokens replaced by 2 others
+    before = _prediction_metrics(engine)
     out = _answer(engine, prediction=tuple(edited))
     assert out.token_ids == plain.token_ids
     assert (out.num_prediction_tokens, out.num_accepted_prediction_tokens) == (len(edited), len(edited) - 2)
+    after = _prediction_metrics(engine)  # specray:prediction_tokens_total{outcome} counts the same
+    assert (after[0] - before[0], after[1] - before[1]) == (len(edited) - 2, 2)
+
+
+def _prediction_metrics(engine) -> tuple[float, float]:
+    from tests.test_metrics import sample_value
+
+    snap = engine.metrics.snapshot()
+    return tuple(sample_value(snap, "specray:prediction_tokens_total", outcome=o) for o in ("accepted", "rejected"))
 
 
 @pytest.mark.model

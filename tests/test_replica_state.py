@@ -35,7 +35,7 @@ def _app():
 
 
 def _http_counts(metrics: EngineMetrics) -> dict:
-    from cluster.metrics import snapshot
+    from cluster.metrics_merge import snapshot
 
     return {dict(lab)["status"]: v for f in snapshot(metrics.registry) for n, lab, v in f.samples
             if n == "specray:http_requests_total"}

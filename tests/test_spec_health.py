@@ -12,7 +12,8 @@ from actors.proposers.base import Proposer
 from actors.sampling_params import SamplingParams
 from actors.tree import TokenTree
 from cluster.async_engine import AsyncLLMEngine
-from cluster.metrics import EngineMetrics, merge_snapshots
+from cluster.metrics import EngineMetrics
+from cluster.metrics_merge import merge_snapshots
 from cluster.spec_guard import FallbackGuardConfig, SpecGuard
 from tests.test_metrics import _v
 from tests.tiny import TINY_MAX_TOKENS, tiny_engine

@@ -4,7 +4,8 @@ prediction that is an earlier sampled answer to the same prompt (T=0.8, seed 1: 
 the text), the greedy answer edited (4 of every 40 tokens replaced by other tokens of the answer:
 a document with a few changes) and the exact greedy answer (the bound). ABBA rounds
 (benchmarks.alternate).
-Usage: PYTHONPATH=. python benchmarks/runs/prediction_2026-11-29/ab.py ROUNDS"""
+Usage: PYTHONPATH=. python benchmarks/runs/prediction_2026-11-29/ab.py ROUNDS [TEMP]
+(TEMP: the requests' temperature, unseeded; the predictions stay the greedy and T=0.8 answers)"""
 import sys
 
 import torch
@@ -16,6 +17,7 @@ from cluster.outputs import repeated_tokens
 
 torch.set_num_threads(2)
 rounds = int(sys.argv[1])
+temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 msgs, params = heldout_requests(temperature=0.0)
 plain = LLMEngine(EngineConfig(device="cpu", num_threads=2, speculative=SpeculativeConfig.from_draft_arg("none", 0)))
 eng = LLMEngine(EngineConfig(device="cpu", num_threads=2, speculative=SpeculativeConfig.from_draft_arg(
@@ -52,6 +54,7 @@ class Predicting:
         return eng.generate(prompts, plist, chat=chat)
 
 
+params = [p.model_copy(update={"temperature": temperature}) for p in params]
 arms = {"plain": plain, "default": Predicting([None] * len(msgs)), "sampled-prediction": Predicting(sampled),
         "edited-prediction": Predicting([tuple(edited(e)) for e in exact]), "exact-prediction": Predicting(exact)}
 runs = alternate(arms, msgs, params, rounds=rounds,
@@ -59,4 +62,4 @@ runs = alternate(arms, msgs, params, rounds=rounds,
                                         f"{r.tokens_per_step:.2f} tokens/step", flush=True))
 same = {a: all(r.token_ids == runs[0].token_ids for r in runs if r.arm == a) for a in arms}
 print(report(runs, baseline="plain"))
-print("identical greedy outputs per arm:", same)
+print("identical outputs per arm (greedy: must be):", same)

@@ -4,8 +4,9 @@ prediction that is an earlier sampled answer to the same prompt (T=0.8, seed 1: 
 the text), the greedy answer edited (4 of every 40 tokens replaced by other tokens of the answer:
 a document with a few changes) and the exact greedy answer (the bound). ABBA rounds
 (benchmarks.alternate).
-Usage: PYTHONPATH=. python benchmarks/runs/prediction_2026-11-29/ab.py ROUNDS [TEMP]
-(TEMP: the requests' temperature, unseeded; the predictions stay the greedy and T=0.8 answers)"""
+Usage: PYTHONPATH=. python benchmarks/runs/prediction_2026-11-29/ab.py ROUNDS [TEMP [seeded]]
+(TEMP: the requests' temperature, unseeded unless `seeded`: request i samples with seed 100 + i, so
+every arm samples the same answers; the predictions stay the greedy and T=0.8 answers)"""
 import sys
 
 import torch
@@ -18,6 +19,7 @@ from cluster.outputs import repeated_tokens
 torch.set_num_threads(2)
 rounds = int(sys.argv[1])
 temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+seeded = len(sys.argv) > 3 and sys.argv[3] == "seeded"
 msgs, params = heldout_requests(temperature=0.0)
 plain = LLMEngine(EngineConfig(device="cpu", num_threads=2, speculative=SpeculativeConfig.from_draft_arg("none", 0)))
 eng = LLMEngine(EngineConfig(device="cpu", num_threads=2, speculative=SpeculativeConfig.from_draft_arg(
@@ -54,7 +56,8 @@ class Predicting:
         return eng.generate(prompts, plist, chat=chat)
 
 
-params = [p.model_copy(update={"temperature": temperature}) for p in params]
+params = [p.model_copy(update={"temperature": temperature, "seed": 100 + i if seeded else None})
+          for i, p in enumerate(params)]
 arms = {"plain": plain, "default": Predicting([None] * len(msgs)), "sampled-prediction": Predicting(sampled),
         "edited-prediction": Predicting([tuple(edited(e)) for e in exact]), "exact-prediction": Predicting(exact)}
 runs = alternate(arms, msgs, params, rounds=rounds,
@@ -62,4 +65,4 @@ runs = alternate(arms, msgs, params, rounds=rounds,
                                         f"{r.tokens_per_step:.2f} tokens/step", flush=True))
 same = {a: all(r.token_ids == runs[0].token_ids for r in runs if r.arm == a) for a in arms}
 print(report(runs, baseline="plain"))
-print("identical outputs per arm (greedy: must be):", same)
+print("identical outputs per arm (greedy or seeded: must be):", same)

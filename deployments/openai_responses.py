@@ -15,11 +15,7 @@ def new_id(prefix: str) -> str:
 
 def usage_of(out: RequestOutput) -> dict:
     """One choice's token counts, and its prediction's as over HTTP when it had one."""
-    usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
-    if details := prediction_counts([out]):
-        usage["completion_tokens_details"] = details
-    return usage
+    return {**total_usage([out]), **_completion_details([out])}
 
 
 def speculation_of(out: RequestOutput) -> dict:
@@ -47,10 +43,14 @@ def openai_usage(outs: list[RequestOutput], per_prompt: int | None = None) -> di
     from the prefix cache (device or host KV tier), and for requests with a ``prediction``
     ``completion_tokens_details``. HTTP only (the gRPC Usage message has no cached tokens)."""
     cached = sum(o.num_cached_tokens for o in prompt_heads(outs, per_prompt))
-    usage = {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached}}
-    if details := prediction_counts(outs):
-        usage["completion_tokens_details"] = details
-    return usage
+    return {**total_usage(outs, per_prompt), "prompt_tokens_details": {"cached_tokens": cached},
+            **_completion_details(outs)}
+
+
+def _completion_details(outs: list[RequestOutput]) -> dict:
+    """``{"completion_tokens_details": prediction_counts}`` for requests with a prediction, else {}."""
+    details = prediction_counts(outs)
+    return {"completion_tokens_details": details} if details else {}
 
 
 def prediction_counts(outs: list[RequestOutput]) -> dict:

@@ -117,3 +117,7 @@ def test_a_prediction_draft_stops_at_its_end_and_never_matches_across_it():
     # the end of the prediction followed by the start of the prompt is not a match
     assert ngram.draft_source([46, 1, 2, 3, 46, 1], 6, PREDICTION) == "ngram2p"  # in the prompt itself
     assert ngram.draft_source([1, 9, 9, 46, 1], 7, PREDICTION) is None
+    # the prediction's array is kept per sequence while it drafts, and dropped with it
+    assert ngram._references[6][0] is PREDICTION
+    ngram.release(6)
+    assert 6 not in ngram._references

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from actors.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's cap for chat top_logprobs)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
@@ -51,6 +53,10 @@ class SamplingParams(BaseModel):
     # file being edited. Prompt lookup drafts from it as from the prompt; the output is the target's
     # own either way. Text is tokenized by the engine (LLMEngine.add_request), which passes ids on.
     prediction: str | tuple[int, ...] | None = None
+    # Structured output (OpenAI's response_format json_object / json_schema; regex, Lark grammar and
+    # choice as extensions): every row is masked to what the grammar allows after its path
+    # (actors.structured_output), so the answer matches it and speculation stays lossless.
+    structured: StructuredOutput | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -107,6 +113,19 @@ class SamplingParams(BaseModel):
             raise ValueError(f"must be at most max_tokens={max_tokens}")
         return v
 
+    @model_validator(mode="after")
+    def _structured_ends_at_eos(self) -> SamplingParams:
+        """A grammar ends the answer with EOS once it is complete: ignore_eos and min_tokens, which
+        hold EOS back, would leave it nothing to produce."""
+        if self.structured is not None:
+            if self.ignore_eos:
+                raise ValueError(f"ignore_eos=true cannot be combined with structured output ({self.structured.kind}): "
+                                 "the answer ends with EOS when the grammar is complete")
+            if self.min_tokens:
+                raise ValueError(f"min_tokens={self.min_tokens} cannot be combined with structured output "
+                                 f"({self.structured.kind}): the grammar decides where the answer ends")
+        return self
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -125,6 +144,6 @@ class SamplingParams(BaseModel):
 
     @property
     def processes_logits(self) -> bool:
-        """Whether any logits processing applies (penalties, bias, min_tokens)."""
+        """Whether any logits processing applies (penalties, bias, min_tokens, a grammar)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens)
+                    or self.logit_bias or self.min_tokens or self.structured is not None)

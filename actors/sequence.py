@@ -58,7 +58,7 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "num_computed", "params",
         "status", "finish_reason", "arrival_time", "first_token_time", "finish_time",
         "generator", "spec", "num_preemptions", "text_offset", "error", "logprobs", "prompt_logprobs",
-        "hidden_states",
+        "hidden_states", "grammar",
         "num_cached_tokens", "num_host_cached_tokens", "num_disk_cached_tokens", "num_shared_cached_tokens",
     )
 
@@ -90,6 +90,9 @@ class Sequence:
         self.prompt_logprobs: list | None = None if params.prompt_logprobs is None else []
         # params.return_hidden_states: the hidden rows of every committed position, else None
         self.hidden_states: HiddenRecord | None = HiddenRecord() if params.return_hidden_states else None
+        # params.structured: the request's place in its grammar (actors.structured_output.GrammarState,
+        # set by the engine, advanced by append_tokens), else None
+        self.grammar = None
 
     @property
     def num_tokens(self) -> int:
@@ -128,16 +131,26 @@ class Sequence:
 
     def append_tokens(self, tokens: list[int], eos_ids, max_model_len: int) -> None:
         """Commit output tokens in order; the first that ends the request (an EOS unless ignored, a
-        stop token id, max_tokens or the model length reached) finishes it, and the rest are dropped."""
+        stop token id, max_tokens or the model length reached) finishes it, and the rest are dropped.
+        A request's grammar state advances over the committed tokens (a token it refuses, which
+        masked rows never produce, ends the request with an error)."""
+        n0, reason = len(self.token_ids), None
         for tok in tokens:
             tok = int(tok)
             self.token_ids.append(tok)
             if self.first_token_time is None:
                 self.first_token_time = time.perf_counter()
             if (tok in eos_ids and not self.params.ignore_eos) or tok in self.params.stop_token_ids:
-                return self.finish("stop")
+                reason = "stop"
+                break
             if self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len:
-                return self.finish("length")
+                reason = "length"
+                break
+        error = self.grammar.advance(self.token_ids[n0:]) if self.grammar is not None else None
+        if error is not None:
+            self.finish("error", error)
+        elif reason is not None:
+            self.finish(reason)
 
     def finish(self, reason: str, error: str | None = None) -> None:
         self.status = SeqStatus.FINISHED

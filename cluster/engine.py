@@ -23,6 +23,7 @@ from actors.sampling_params import SamplingParams
 from actors.scheduler import BatchScheduler, ScheduledSeq
 from actors.sequence import Sequence
 from actors.spec_policy import SpecPolicy
+from actors.structured_output import GrammarCompiler
 from actors.tree import TokenTree
 from actors.verifier import SeqChunk
 from cluster.config import EngineConfig
@@ -30,6 +31,7 @@ from cluster.drafting import DraftPlanner
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
+from cluster.request import RequestError
 from cluster.proposers import build_proposer
 from cluster.runtime import (kv_blocks_for, kv_cache_dtype_for, kv_tiers_for, load_target, local_verifier,
                              resolve_device_dtype, swap_policy_for)
@@ -98,6 +100,7 @@ class LLMEngine:
         self.shared_kv = attach_shared_kv(self) if config.kv_tier.enabled else None  # across replicas
         self.detok = Detokenizer(self.tokenizer)
         self.eos_ids = eos_ids(loaded.config, self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, loaded.config.vocab_size, self.eos_ids)  # structured output
         self.seqs: dict[str, Sequence] = {}
         self.num_verifier_restarts = 0
         self.clock = StepClock()  # host seconds per step phase (benchmarks.host_profile)
@@ -155,6 +158,11 @@ class LLMEngine:
             raise ValueError(f"return_hidden_states: the verifier {type(self.verifier).__name__} returns no hidden "
                              "states (it needs the in-process verifier)")
         seq = Sequence(request_id, ids, params)
+        if params.structured is not None:
+            try:
+                seq.grammar = self.grammars.state(params.structured)
+            except ValueError as e:
+                raise RequestError(f"response_format ({params.structured.kind}): {e}", "response_format") from None
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq

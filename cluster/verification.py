@@ -11,6 +11,7 @@ from actors.sampling import greedy, params_probs
 from actors.scheduler import ScheduledSeq
 from actors.sequence import Sequence
 from actors.spec_verify import verify_greedy, verify_keyed, verify_sampling_logits
+from actors.structured_output import mask_logits
 from actors.tree import TokenTree
 
 
@@ -21,7 +22,7 @@ def tree_of(seq: Sequence, trees: dict[int, TokenTree]) -> TokenTree:
 
 def processed_logits(scheduled: list[ScheduledSeq], trees: dict[int, TokenTree], spans: list[tuple[int, int]],
                      logits: torch.Tensor, eos_ids) -> torch.Tensor:
-    """logits [M, V] with each sequence's logits processing (penalties, bias, min_tokens) applied to
+    """logits [M, V] with each sequence's logits processing (penalties, bias, min_tokens, a grammar) applied to
     its rows (spans: per sequence, first row and row count), each tree node given its own path
     (actors.logits_processing); the same tensor when no sequence asks for any."""
     todo = [(s, span) for s, span in zip(scheduled, spans) if span[1] and s.seq.params.processes_logits]
@@ -31,8 +32,11 @@ def processed_logits(scheduled: list[ScheduledSeq], trees: dict[int, TokenTree],
     for s, (r0, nrows) in todo:
         seq = s.seq
         tree = tree_of(seq, trees) if s.is_decode else TokenTree.root(seq.token_ids[-1])
-        out[r0:r0 + nrows] = process_logits(logits[r0:r0 + nrows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
-                                            seq.output_ids, tree.parents, tree.tokens, eos_ids)
+        rows = process_logits(logits[r0:r0 + nrows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
+                              seq.output_ids, tree.parents, tree.tokens, eos_ids)
+        if seq.grammar is not None:  # each node's row: what the grammar allows after its path
+            mask_logits(rows, seq.grammar.masks(tree.parents, tree.tokens))
+        out[r0:r0 + nrows] = rows
     return out
 
 

@@ -31,7 +31,7 @@ from cluster.validation import REQUEST, first_field, format_validation_error
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos",
                    "spec_tokens", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
                    "logit_bias", "min_tokens", "prompt_logprobs", "stop_token_ids", "include_stop_str_in_output",
-                   "prediction")
+                   "prediction", "structured")
 
 Prompt = str | list[int] | list[dict]
 

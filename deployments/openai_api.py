@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
+from actors.structured_output import StructuredOutput
 from cluster.request import (SAMPLING_FIELDS, Prompt, RequestError, chat_messages, content_text, engine_prompt,
                              sampling_params)
 from deployments.openai_fields import check_message, check_policy, policy_fields
@@ -87,6 +88,49 @@ class Prediction(BaseModel):
         return content_text(self.content, "prediction", "prediction")
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the answer matches ``schema`` (always strictly)."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # left out: any JSON object
+    strict: bool | None = None  # accepted: the answer always matches the schema
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (text, json_object, json_schema) and the structured outputs of
+    vLLM and SGLang as extensions: ``{"type": "regex", "regex": ...}``, ``{"type": "grammar",
+    "grammar": ...}`` (Lark), ``{"type": "choice", "choice": [...]}``."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema", "regex", "grammar", "choice"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+
+    def structured(self) -> StructuredOutput | None:
+        """The engine's constraint (None: free text); RequestError naming response_format when the
+        type's own field is missing or another type's is given."""
+        given = [k for k in ("json_schema", "regex", "grammar", "choice") if getattr(self, k) is not None]
+        own = self.type if self.type in ("json_schema", "regex", "grammar", "choice") else None
+        if own is not None and own not in given:
+            raise RequestError(f"response_format: type {self.type!r} needs its {self.type!r} field", "response_format")
+        extra = [k for k in given if k != own]
+        if extra:
+            raise RequestError(f"response_format: type {self.type!r} takes no {extra[0]!r} field", "response_format")
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or (own == "json_schema" and self.json_schema.schema_ is None):
+            return StructuredOutput(kind="json_object")
+        value = self.json_schema.schema_ if own == "json_schema" else getattr(self, own)
+        try:
+            return StructuredOutput(kind=self.type, value=value)
+        except ValueError as e:  # pydantic's: the first error's message
+            msg = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e)
+            raise RequestError(f"response_format ({self.type}): {msg.removeprefix('Value error, ')}",
+                               "response_format") from None
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool", "developer", "function"]  # function: a 400
@@ -132,6 +176,7 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[Int] | None = None  # extension (vLLM)
     include_stop_str_in_output: bool | None = None  # extension (vLLM)
     prediction: Prediction | None = None  # OpenAI's predicted outputs (chat; completions: extension)
+    response_format: ResponseFormat | None = None  # structured output (chat; completions: extension)
 
     def to_engine(self, max_model_len: int) -> tuple[list[Prompt], list[SamplingParams]]:
         """The engine prompts (one, or a completion request's list) and the SamplingParams of each
@@ -144,7 +189,8 @@ class SamplingRequest(BaseModel):
             self.check_supported(max_model_len)
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
             fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k(),
-                          prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text())
+                          prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text(),
+                          structured=None if self.response_format is None else self.response_format.structured())
             base = sampling_params(fields, default_max_tokens=max_model_len)
         if self.seed is None:
             return prompts, [base] * self.n

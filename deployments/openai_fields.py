@@ -126,9 +126,10 @@ FIELDS: tuple[FieldPolicy, ...] = (
     FieldPolicy("spec_tokens", IMPL, True, True, "extension: speculation off (0) or a fixed chain length"),
     FieldPolicy("return_token_ids", IMPL, True, True, "extension (vLLM): token ids in each choice / chunk"),
     # ---- output formats and tools -----------------------------------------------------------
-    FieldPolicy("response_format", REJ, True, False,
-                "`{\"type\": \"text\"}` accepted; json_object / json_schema need constrained decoding (not yet)",
-                lambda v: isinstance(v, dict) and v.get("type") == "text" and set(v) == {"type"}),
+    FieldPolicy("response_format", IMPL, True, True,
+                "`text`, `json_object`, `json_schema` (the answer always matches the schema; `strict` accepted); "
+                "extensions: `regex`, `grammar` (Lark), `choice` (a list of strings); completions: extension. "
+                "Every token masked to the grammar, drafted or not"),
     FieldPolicy("tools", REJ, True, False, "tool calling is not implemented; `[]` accepted", _empty),
     FieldPolicy("tool_choice", REJ, True, False, "tool calling is not implemented; `\"none\"` accepted", _is("none")),
     FieldPolicy("parallel_tool_calls", IGN, True, False, "no tools can be given"),

@@ -12,11 +12,11 @@ REJECTED = {
     "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "web_search_options": {}, "reasoning_effort": "high",
-    "verbosity": "low", "moderation": {"model": "omni-moderation-latest"}, "response_format": {"type": "json_object"},
+    "verbosity": "low", "moderation": {"model": "omni-moderation-latest"},
     "suffix": "!", "best_of": 2,
 }
 NEUTRAL = {"tools": [], "tool_choice": "none", "functions": [], "function_call": "none", "modalities": ["text"],
-           "reasoning_effort": "none", "verbosity": "medium", "response_format": {"type": "text"}, "suffix": "",
+           "reasoning_effort": "none", "verbosity": "medium", "suffix": "",
            "best_of": 1}
 IGNORED = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"}, "store": True, "service_tier": "auto",
            "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"},

@@ -228,7 +228,8 @@ def test_conformance_over_serve(base_url, client):
                                             stream_options={"include_usage": True, "continuous_usage_stats": True}))
     assert all(c.usage is not None for c in chunks) and chunks[-1].usage.completion_tokens >= 1
     for kwargs, param in [(dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
-                          (dict(response_format={"type": "json_object"}), "response_format"),
+                          (dict(response_format={"type": "json_schema", "json_schema": {
+                              "name": "bad", "schema": {"type": "wat"}}}), "response_format"),
                           (dict(temperature=1e308), "temperature")]:
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **kwargs)

@@ -197,3 +197,72 @@ def test_the_engine_refuses_a_bad_grammar_naming_response_format(engines):
         engine.add_request("bad", ASK_POEM, SamplingParams(
             structured=StructuredOutput(kind="json_schema", value={"type": "wat"})), chat=True)
     assert err.value.field == "response_format" and "bad" not in engine.seqs
+
+
+# ---- over HTTP, with the official client ------------------------------------------------------
+from tests.test_openai_conformance import _call, _chat, app  # noqa: E402,F401  (app: the in-process server)
+
+
+@pytest.mark.model
+def test_the_official_client_parses_a_pydantic_model(app):  # noqa: F811
+    """``client.chat.completions.parse(response_format=Model)`` sends a strict json_schema and parses
+    the answer into the model; streamed, the chunks join into the same JSON."""
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    async def parse(client):
+        return await client.chat.completions.parse(model="smollm2-135m", messages=ASK_PERSON, max_tokens=40,
+                                                   temperature=0, response_format=Person)
+    reply = _call(app, parse)
+    person = reply.choices[0].message.parsed
+    assert isinstance(person, Person) and reply.choices[0].finish_reason == "stop"
+    assert json.loads(reply.choices[0].message.content) == person.model_dump()
+
+    async def stream(client):
+        chunks = await client.chat.completions.create(
+            model="smollm2-135m", messages=ASK_PERSON, max_tokens=40, temperature=0, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "Person", "schema": {
+                **Person.model_json_schema(), "additionalProperties": False}}})  # as parse() sends it
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    assert json.loads(_call(app, stream)) == person.model_dump()
+
+
+@pytest.mark.model
+def test_json_object_and_the_extensions_over_http(app):  # noqa: F811
+    doc = json.loads(_chat(app, max_tokens=60, response_format={"type": "json_object"}).choices[0].message.content)
+    assert isinstance(doc, dict)
+    assert _chat(app, response_format={"type": "choice", "choice": ["red", "blue"]}).choices[0].message.content in (
+        "red", "blue")
+    text = _chat(app, max_tokens=12, response_format={"type": "regex", "regex": "[a-z]+, [a-z]+"}).choices[0].message.content
+    assert text.count(", ") == 1 and text.replace(", ", "").isalpha()
+    assert _chat(app, response_format={"type": "grammar", "grammar": 'start: "up" | "down"'}).choices[0].message.content \
+        in ("up", "down")
+
+    async def completion(client):  # an extension on completions
+        return await client.completions.create(model="smollm2-135m", prompt="Is the sea blue?", max_tokens=4,
+                                               temperature=0, extra_body={"response_format": {
+                                                   "type": "choice", "choice": ["yes", "no"]}})
+    assert _call(app, completion).choices[0].text in ("yes", "no")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("response_format, says", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}, "Invalid type: wat"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}, "Input should be a valid dictionary"),
+    ({"type": "regex"}, "type 'regex' needs its 'regex' field"),
+    ({"type": "json_object", "regex": "a"}, "type 'json_object' takes no 'regex' field"),
+    ({"type": "choice", "choice": []}, "non-empty list of strings"),
+    ({"type": "regex", "regex": "a(b"}, "unclosed group"),
+])
+def test_bad_response_formats_are_400s_naming_it(app, response_format, says):  # noqa: F811
+    import openai
+
+    with pytest.raises((openai.BadRequestError, openai.UnprocessableEntityError)) as e:
+        _chat(app, response_format=response_format)
+    assert says in e.value.body["message"]
+    assert e.value.status_code == 422 or e.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        _chat(app, response_format={"type": "json_object"}, extra_body={"ignore_eos": True})

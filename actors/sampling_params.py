@@ -119,8 +119,8 @@ class SamplingParams(BaseModel):
         hold EOS back, would leave it nothing to produce."""
         if self.structured is not None:
             if self.ignore_eos:
-                raise ValueError(f"ignore_eos=true cannot be combined with structured output ({self.structured.kind}): "
-                                 "the answer ends with EOS when the grammar is complete")
+                raise ValueError(f"ignore_eos=true cannot be combined with structured output "
+                                 f"({self.structured.kind}): the answer ends with EOS when the grammar is complete")
             if self.min_tokens:
                 raise ValueError(f"min_tokens={self.min_tokens} cannot be combined with structured output "
                                  f"({self.structured.kind}): the grammar decides where the answer ends")
@@ -143,7 +143,12 @@ class SamplingParams(BaseModel):
         return self.prediction if isinstance(self.prediction, tuple) else ()
 
     @property
+    def penalizes(self) -> bool:
+        """Whether actors.logits_processing changes the logits (penalties, bias, min_tokens)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
+
+    @property
     def processes_logits(self) -> bool:
         """Whether any logits processing applies (penalties, bias, min_tokens, a grammar)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens or self.structured is not None)
+        return self.penalizes or self.structured is not None

@@ -7,7 +7,7 @@ logits is masked by setting every forbidden token to -inf before sampling or ver
 penalties of actors/logits_processing.py, before temperature, top-k and top-p).
 
 Under speculation a token tree holds several continuations at once, so each node's row is masked
-with the state its own path leaves (``GrammarState.masks`` walks the tree, consuming and rolling back
+with the state its own path leaves (``GrammarState.forbidden`` walks the tree, consuming and rolling back
 tokens); verification then compares the drafts against the constrained distributions, so the output
 is exactly constrained plain decoding's: its argmax (greedy), its distribution (sampling) or its race
 (seeded). A draft token the grammar forbids has probability 0 and is rejected like any other token the
@@ -27,6 +27,7 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -92,17 +93,17 @@ class StructuredOutput(BaseModel):
         return LLMatcher.grammar_from_lark(self.value)
 
 
-def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """bitmask [n, ceil(V / 32)] int32 (bit j of word w: token 32 w + j may come next) -> allowed
-    [n, V] bool."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [n, W, 32]
-    return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
+def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bitmask [n, ceil(V / 32)] int32 (bit j of word w set: token 32 w + j may come next) ->
+    forbidden [n, V] bool. Little-endian words: token t is bit t % 8 of byte t // 8 (numpy unpacks
+    that in ~20 us for 49k tokens, 3x faster than shifting in torch)."""
+    flipped = np.invert(bitmask.cpu().numpy()).view(np.uint8)  # [n, 4 W]
+    return torch.from_numpy(np.unpackbits(flipped, axis=-1, bitorder="little")[:, :vocab]).view(torch.bool)
 
 
-def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """logits [n, V], allowed [n, V] bool -> logits with every forbidden token at -inf (in place)."""
-    return logits.masked_fill_(~allowed.to(logits.device), float("-inf"))
+def mask_logits(logits: torch.Tensor, forbidden: torch.Tensor) -> torch.Tensor:
+    """logits [n, V], forbidden [n, V] bool -> logits with every forbidden token at -inf (in place)."""
+    return logits.masked_fill_(forbidden.to(logits.device), float("-inf"))
 
 
 class GrammarCompiler:
@@ -144,11 +145,11 @@ class GrammarState:
         self.matcher, self.vocab_size, self.eos_ids = matcher, vocab_size, frozenset(eos_ids)
         self.words = (vocab_size + 31) // 32
 
-    def masks(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
-        """allowed [n, V] bool for the n nodes of a token tree (``parents[i] < i``; node 0 the root,
-        already committed): row i allows what may follow the path root -> i. Rows of nodes the grammar
-        cannot reach (a forbidden token on the path), of EOS nodes and of states that allow nothing
-        allow everything: the answer never reads them."""
+    def forbidden(self, parents: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        """forbidden [n, V] bool for the n nodes of a token tree (``parents[i] < i``; node 0 the root,
+        already committed): row i forbids what may not follow the path root -> i. Rows of nodes the
+        grammar cannot reach (a forbidden token on the path), of EOS nodes and of states that allow
+        nothing forbid nothing: the answer never reads them."""
         n, m = len(parents), self.matcher
         bitmask = torch.full((n, self.words), -1, dtype=torch.int32)
         live = [False] * n
@@ -175,7 +176,7 @@ class GrammarState:
             live[i] = self._fill(bitmask, i)
         if consumed:
             m.rollback(len(consumed))
-        return allowed_tokens(bitmask, self.vocab_size)
+        return forbidden_tokens(bitmask, self.vocab_size)
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> bool:
         """Row ``row`` of ``bitmask`` from the matcher's state; a state that allows nothing leaves the

@@ -32,11 +32,12 @@ def processed_logits(scheduled: list[ScheduledSeq], trees: dict[int, TokenTree],
     for s, (r0, nrows) in todo:
         seq = s.seq
         tree = tree_of(seq, trees) if s.is_decode else TokenTree.root(seq.token_ids[-1])
-        rows = process_logits(logits[r0:r0 + nrows], seq.params, seq.token_ids[:seq.num_prompt_tokens],
-                              seq.output_ids, tree.parents, tree.tokens, eos_ids)
+        if seq.params.penalizes:
+            prompt = seq.token_ids[:seq.num_prompt_tokens]
+            out[r0:r0 + nrows] = process_logits(logits[r0:r0 + nrows], seq.params, prompt, seq.output_ids,
+                                                tree.parents, tree.tokens, eos_ids)
         if seq.grammar is not None:  # each node's row: what the grammar allows after its path
-            mask_logits(rows, seq.grammar.masks(tree.parents, tree.tokens))
-        out[r0:r0 + nrows] = rows
+            mask_logits(out[r0:r0 + nrows], seq.grammar.forbidden(tree.parents, tree.tokens))
     return out
 
 

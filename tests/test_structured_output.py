@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from actors.sampling_params import SamplingParams
 from actors.sequence import Sequence
-from actors.structured_output import GrammarCompiler, StructuredOutput, allowed_tokens
+from actors.structured_output import GrammarCompiler, StructuredOutput, forbidden_tokens
 from cluster.config import EngineConfig, SpeculativeConfig
 from cluster.request import RequestError
 
@@ -24,15 +24,15 @@ ASK_POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
 # ---- pure parts ------------------------------------------------------------------------------
-def test_allowed_tokens_reads_bit_j_of_word_w_as_token_32w_plus_j():
+def test_forbidden_tokens_reads_bit_j_of_word_w_as_token_32w_plus_j():
     gen = torch.Generator().manual_seed(0)
     vocab = 70  # three words, the last one partly past the vocabulary
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, 3), dtype=torch.int32, generator=gen)
-    got = allowed_tokens(bitmask, vocab)
+    got = forbidden_tokens(bitmask, vocab)
     assert got.shape == (3, vocab) and got.dtype is torch.bool
     for r in range(3):
         for t in range(vocab):
-            assert bool(got[r, t]) == bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1)
+            assert bool(got[r, t]) != bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1)
 
 
 @pytest.mark.parametrize("kind, value, says", [
@@ -84,7 +84,7 @@ def _fresh_mask(compiler, so, path):
     """The oracle: a new state that consumed ``path`` alone, its row."""
     state = compiler.state(so)
     assert state.advance(path) is None
-    return state.masks([-1], [0])[0]
+    return state.forbidden([-1], [0])[0]
 
 
 @pytest.mark.model
@@ -98,12 +98,12 @@ def test_tree_masks_equal_each_path_consumed_alone(compiler, so):
     tok = compiler.tokenizer
     prefix = tok.encode('{"name": "Al' if so.kind == "json_schema" else "ab1", add_special_tokens=False)
     assert state.advance(prefix) is None
-    before = state.masks([-1], [0])
+    before = state.forbidden([-1], [0])
     for _ in range(6):
-        parents, tokens, allowed = [-1], [0], [before[0]]
+        parents, tokens, forbidden = [-1], [0], [before[0]]
         for i in range(1, 9):
             p = rng.randrange(i)
-            ok = allowed[p].nonzero().flatten().tolist()
+            ok = (~forbidden[p]).nonzero().flatten().tolist()
             t = rng.choice(ok) if ok and rng.random() < 0.85 else rng.randrange(compiler.vocab_size)
             parents.append(p)
             tokens.append(t)
@@ -112,14 +112,14 @@ def test_tree_masks_equal_each_path_consumed_alone(compiler, so):
                 path.append(tokens[node])
                 node = parents[node]
             path = path[::-1]
-            reachable = all(bool(_fresh_mask(compiler, so, prefix + path[:k])[path[k]]) for k in range(len(path)))
-            allowed.append(_fresh_mask(compiler, so, prefix + path) if reachable and 2 not in path else None)
-            if allowed[-1] is None or not allowed[-1].any():
-                allowed[-1] = torch.ones(compiler.vocab_size, dtype=torch.bool)
-        got = state.masks(parents, tokens)
+            reachable = all(not _fresh_mask(compiler, so, prefix + path[:k])[path[k]] for k in range(len(path)))
+            forbidden.append(_fresh_mask(compiler, so, prefix + path) if reachable and 2 not in path else None)
+            if forbidden[-1] is None or forbidden[-1].all():
+                forbidden[-1] = torch.zeros(compiler.vocab_size, dtype=torch.bool)
+        got = state.forbidden(parents, tokens)
         for i in range(len(parents)):
-            assert torch.equal(got[i], allowed[i]), f"node {i}"
-        assert torch.equal(state.masks([-1], [0]), before)  # rolled back
+            assert torch.equal(got[i], forbidden[i]), f"node {i}"
+        assert torch.equal(state.forbidden([-1], [0]), before)  # rolled back
 
 
 @pytest.mark.model
@@ -236,10 +236,11 @@ def test_json_object_and_the_extensions_over_http(app):  # noqa: F811
     assert isinstance(doc, dict)
     assert _chat(app, response_format={"type": "choice", "choice": ["red", "blue"]}).choices[0].message.content in (
         "red", "blue")
-    text = _chat(app, max_tokens=12, response_format={"type": "regex", "regex": "[a-z]+, [a-z]+"}).choices[0].message.content
+    text = _chat(app, max_tokens=12, response_format={"type": "regex", "regex": "[a-z]+, [a-z]+"})
+    text = text.choices[0].message.content
     assert text.count(", ") == 1 and text.replace(", ", "").isalpha()
-    assert _chat(app, response_format={"type": "grammar", "grammar": 'start: "up" | "down"'}).choices[0].message.content \
-        in ("up", "down")
+    lark = _chat(app, response_format={"type": "grammar", "grammar": 'start: "up" | "down"'})
+    assert lark.choices[0].message.content in ("up", "down")
 
     async def completion(client):  # an extension on completions
         return await client.completions.create(model="smollm2-135m", prompt="Is the sea blue?", max_tokens=4,

@@ -189,6 +189,11 @@ class GrammarState:
             return False
         return True
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next, whatever the model would say (a schema's next key,
+        the rest of an enum value), as the tokenizer splits them; [] when it leaves a choice."""
+        return [t for t in self.matcher.compute_ff_tokens() if t not in self.eos_ids]
+
     def advance(self, tokens: Sequence[int]) -> str | None:
         """Commit ``tokens`` (the answer's next tokens, in order). Returns None, or the error when
         the grammar refuses one (never for tokens sampled from masked rows). EOS, which ends the

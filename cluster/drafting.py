@@ -13,6 +13,10 @@ Per step, in the engine's order:
   feature-reading proposer (EAGLE) what was committed, ``learn`` feeds the policy's cost tables,
   ``measure`` sums up what the step's decoding sequences produced (metrics, the guard);
 - ``release`` when a sequence finishes, is aborted or preempted; ``on_idle`` when nothing runs.
+A request under a grammar (structured output) whose next tokens the grammar forces (a JSON schema's
+next key, the rest of an enum value) drafts those instead: a chain the target accepts unless it
+splits the same text into other tokens, verified like any draft, so lossless; engines without a
+proposer draft them too (jump-forward decoding). They are left out of what the adaptive policy learns.
 The draft source of a sequence (the proposer's kind of draft now: lookup after an n-token match,
 the head, ...) is looked up once per step, so scheduling, depth choice and learning agree.
 """
@@ -35,6 +39,8 @@ from cluster.spec_guard import SpecGuard, StepYield
 from cluster.traffic import match
 
 log = logging.getLogger("specray.engine")
+
+FORCED_MAX = 8  # grammar-forced tokens drafted at most in one step (each is a verified row)
 
 
 def steady_draft_s(draft_s: float, catch_up_s: float, depth: int, steady: bool = False) -> float:
@@ -68,6 +74,7 @@ class DraftPlanner:
         self.guard = SpecGuard(spec.fallback_guard) if proposer is not None else None
         self.plain_step = False  # this step, no sequence drafts unless it fixed its own K (the guard)
         self.caps: dict[int, int | None] = {}  # seq_id -> depth cap this step (None: as configured)
+        self.forced: dict[int, list[int]] = {}  # seq_id -> tokens its grammar forces next (this step)
 
     @property
     def max_depth(self) -> int:
@@ -82,7 +89,7 @@ class DraftPlanner:
     def begin_step(self) -> None:
         """Before scheduling: a new step's draft sources; with a policy, its step count and whether
         the policy's sequences hold their drafts this step (``drafts_would_shrink_prefill``)."""
-        self.sources, self.caps = {}, {}
+        self.sources, self.caps, self.forced = {}, {}, {}
         guard = self.guard
         self.plain_step = guard is not None and (not guard.allows_speculation() or guard.take_probe())
         if self.policy is None:
@@ -98,11 +105,21 @@ class DraftPlanner:
 
     def budgets(self, running: list[Sequence]) -> dict[int, int]:
         """seq_id -> draft-node slots to reserve, for the decoding sequences among ``running``."""
-        if self.proposer is None:
-            return {}
         decoding = [s for s in running if s.num_uncomputed == 1]
+        self.forced = {s.seq_id: f for s in decoding if (f := self._forced(s))}
+        if self.proposer is None:
+            return {sid: len(f) for sid, f in self.forced.items()}
         self.caps = {s.seq_id: self.max_depth_for(s, len(running)) for s in decoding}
-        return {s.seq_id: self._budget(s) for s in decoding}
+        return {s.seq_id: len(self.forced[s.seq_id]) if s.seq_id in self.forced else self._budget(s)
+                for s in decoding}
+
+    def _forced(self, seq: Sequence) -> list[int]:
+        """The tokens ``seq``'s grammar forces next, as many as its draft may hold; none for a request
+        that turned speculation off (spec_tokens 0)."""
+        if seq.grammar is None or seq.params.spec_tokens == 0:
+            return []
+        room = min(self._depth_room(seq), FORCED_MAX)
+        return seq.grammar.forced()[:room] if room > 0 else []
 
     def max_depth_for(self, seq: Sequence, num_running: int) -> int | None:
         """The cap on ``seq``'s draft depth this step with ``num_running`` sequences running: 0 while
@@ -130,28 +147,39 @@ class DraftPlanner:
 
     # ---- drafting -----------------------------------------------------------------------------
     def propose(self, scheduled: list[ScheduledSeq]) -> tuple[dict[int, TokenTree], float | None]:
-        """seq_id -> tree for the sequences that draft this step, and the seconds drafting took
-        (None when nothing was drafted)."""
+        """seq_id -> tree for the sequences that draft this step, and the seconds the proposer took
+        (None when it drafted nothing)."""
         t0 = perf_counter()
         reqs = self.requests(scheduled)
-        if not reqs:
-            return {}, None
-        try:
-            trees = self.accept(reqs, self.proposer.propose(reqs))
-        except Exception as e:
-            self.failed(e)
-            return {}, None
-        return trees, (perf_counter() - t0 if trees else None)
+        trees = {}
+        if reqs:
+            try:
+                trees = self.accept(reqs, self.proposer.propose(reqs))
+            except Exception as e:
+                self.failed(e)
+        draft_s = perf_counter() - t0 if trees else None
+        return {**trees, **self.forced_trees(scheduled)}, draft_s
+
+    def forced_trees(self, scheduled: list[ScheduledSeq]) -> dict[int, TokenTree]:
+        """seq_id -> a chain of the tokens its grammar forces, for the scheduled decoding sequences that
+        have them (within the slots the scheduler granted)."""
+        out = {}
+        for s in scheduled:
+            tokens = self.forced.get(s.seq.seq_id)
+            if tokens and s.is_decode and s.num_spec:
+                out[s.seq.seq_id] = TokenTree.chain(s.seq.token_ids[-1], tokens[:s.num_spec])
+        return out
 
     def requests(self, scheduled: list[ScheduledSeq]) -> list[DraftRequest]:
         """What to ask the proposer for: decoding sequences with a speculation budget, at the depth
         the adaptive policy chooses (if any)."""
-        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled if s.is_decode and s.num_spec]
+        cands = [(s, self._expansion_for(s.seq, s.num_spec)) for s in scheduled
+                 if s.is_decode and s.num_spec and s.seq.seq_id not in self.forced]
         cands = [(s, exp) for s, exp in cands if exp]
         floor = 0.0
         if self.policy is not None and cands:
             cands = self._adapt_depths(scheduled, cands)
-            floor = self.policy.node_floor(sum(s.num_query for s in scheduled), len(scheduled))
+            floor = self.policy.node_floor(self._base_tokens(scheduled), len(scheduled))
         return [DraftRequest(s.seq.seq_id, s.seq.token_ids, self._with_siblings(s.seq, exp, s.num_spec),
                              min(s.num_spec, self._draft_nodes(s.seq, exp)),
                              s.seq.params, s.seq.generator, self.scheduler.block_tables[s.seq.seq_id],
@@ -176,20 +204,23 @@ class DraftPlanner:
         """The draft sources of ``part``'s drafted sequences (read before their tokens are appended)."""
         if self.policy is None:
             return set()
-        return {self.source(s.seq) for s in part if s.seq.seq_id in trees}
+        return {self.source(s.seq) for s in part if s.seq.seq_id in trees and s.seq.seq_id not in self.forced}
 
     def record(self, seq: Sequence, tree: TokenTree, num_accepted: int) -> None:
         """Verification kept ``num_accepted`` of ``tree``'s drafts (call before appending the tokens)."""
-        if self.policy is not None and tree.size > 1:
+        if self.policy is not None and tree.size > 1 and seq.seq_id not in self.forced:
             self.policy.record(seq.seq_id, tree.max_depth, num_accepted, self.source(seq))
 
-    def learn(self, part: list[ScheduledSeq], chunks: list[SeqChunk], num_trees: int, max_depth: int,
+    def learn(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],
               draft_s: float | None, verify_s: float, drafted: set) -> None:
         """The policy's cost tables: a decode-only forward's seconds by its token count (a forward that
         is mostly one prefill chunk is cheaper per token than the same tokens spread over many
-        sequences, and would make drafts look free), and the draft round's seconds."""
+        sequences, and would make drafts look free), and the proposer's draft round's seconds (over
+        its own trees, not the grammar's forced chains)."""
         if self.policy is None:
             return
+        drafts = [t for sid, t in trees.items() if sid not in self.forced]
+        num_trees, max_depth = len(drafts), max((t.max_depth for t in drafts), default=0)
         if all(s.is_decode for s in part):
             self.policy.observe_verify(sum(len(c.token_ids) for c in chunks), verify_s, len(chunks))
         if num_trees and draft_s is not None:
@@ -296,12 +327,18 @@ class DraftPlanner:
             return 1
         return self.proposer.nodes_per_depth(self.source(seq))
 
+    def _base_tokens(self, scheduled: list[ScheduledSeq]) -> int:
+        """Tokens the step's forward carries besides the proposer's drafts: roots, prefill chunks and
+        the grammars' forced chains."""
+        forced = sum(min(len(self.forced.get(s.seq.seq_id, ())), s.num_spec) for s in scheduled if s.is_decode)
+        return sum(s.num_query for s in scheduled) + forced
+
     def _adapt_depths(self, scheduled, cands):
         """Cut each expansion to the depth the policy chooses; requests that fixed their K keep it."""
         slots = [DecodeSlot(s.seq.seq_id, len(exp), fixed=s.seq.params.spec_tokens is not None,
                             source=self.source(s.seq), width=self._nodes_per_depth(s.seq, exp),
                             node_cap=self._draft_nodes(s.seq, exp), siblings=self._siblings(s.seq, exp))
                  for s, exp in cands]
-        depths = self.policy.choose(slots, base_tokens=sum(s.num_query for s in scheduled),
+        depths = self.policy.choose(slots, base_tokens=self._base_tokens(scheduled),
                                     base_yield=sum(1 for s in scheduled if s.is_decode), num_seqs=len(scheduled))
         return [(s, exp[:d]) for (s, exp), d in zip(cands, depths) if d > 0]

@@ -265,8 +265,7 @@ class LLMEngine:
             self.swap.observe_prefill(sum(s.num_query for s in part), verify_s)
         step = self.drafting.measure(part, trees, computed, (draft_s or 0.0) + verify_s)
         self.metrics.observe_step(draft_s, verify_s, step)
-        depth = max((t.max_depth for t in trees.values()), default=0)
-        self.drafting.learn(part, chunks, len(trees), depth, draft_s, verify_s, drafted)
+        self.drafting.learn(part, chunks, trees, draft_s, verify_s, drafted)
         self.clock.lap("bookkeeping")
         return True
 

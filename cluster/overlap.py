@@ -140,6 +140,7 @@ class OverlapStepper:
                 raise error
             if trees_list is not None:
                 trees = drafting.accept(reqs, trees_list)
-        except Exception as e:  # this micro-batch decodes without speculation
+        except Exception as e:  # this micro-batch decodes without the proposer's drafts
             drafting.failed(e)
-        return self.engine.verify_part(part, trees, wait_s if trees else None)
+        draft_s = wait_s if trees else None
+        return self.engine.verify_part(part, {**trees, **drafting.forced_trees(part)}, draft_s)

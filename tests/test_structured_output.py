@@ -148,8 +148,9 @@ def engines(default_model):
         e.shutdown()
 
 
-def _answers(engine, messages, so, temperature=0.0, seed=None, max_tokens=60):
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, structured=so)
+def _answers(engine, messages, so, temperature=0.0, seed=None, max_tokens=60, spec_tokens=None):
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, structured=so,
+                            spec_tokens=spec_tokens)
     return engine.generate(messages, params, chat=True)
 
 
@@ -166,14 +167,15 @@ def test_a_json_schema_answer_parses_and_matches_the_schema(engines):
 @pytest.mark.model
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (1.0, 11)])
 def test_speculation_is_lossless_under_a_grammar(engines, temperature, seed):
-    """Chains and trees drafted on every step give plain decoding's constrained answer, token for token."""
+    """Chains and trees drafted on every step (and the grammar's forced tokens, which the plain engine
+    drafts too) give plain decoding's constrained answer, token for token."""
     cases = [([ASK_PERSON, ASK_POEM], StructuredOutput(kind="json_schema", value=PERSON)),
              ([ASK_POEM], StructuredOutput(kind="json_object")),
              ([ASK_POEM], StructuredOutput(kind="regex", value=r"[A-Z][a-z]+( [a-z]+){2,5}\.")),
              ([ASK_PERSON], StructuredOutput(kind="choice", value=["yes", "no", "maybe not"]))]
     for messages, so in cases:
-        plain = [o.token_ids for o in _answers(engines["plain"], messages, so, temperature, seed)]
-        for name in ("chain", "tree"):
+        plain = [o.token_ids for o in _answers(engines["plain"], messages, so, temperature, seed, spec_tokens=0)]
+        for name in ("plain", "chain", "tree"):
             outs = _answers(engines[name], messages, so, temperature, seed)
             assert [o.token_ids for o in outs] == plain, (name, so.kind)
     for name in ("chain", "tree"):  # drafts were verified inside the grammar, and many kept
@@ -267,3 +269,29 @@ def test_bad_response_formats_are_400s_naming_it(app, response_format, says):  #
     assert e.value.status_code == 422 or e.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError, match="ignore_eos"):
         _chat(app, response_format={"type": "json_object"}, extra_body={"ignore_eos": True})
+
+
+@pytest.mark.model
+def test_forced_tokens_are_drafted_even_without_a_proposer(engines, default_model):
+    """A schema's keys are forced: a plain engine drafts them (jump-forward) and the answer is the one
+    plain decoding gives token by token (spec_tokens 0 turns that off); with a proposer they are drafted
+    instead of the proposer's draft and kept out of what the adaptive policy learns."""
+    so = StructuredOutput(kind="json_schema", value=PERSON)
+    plain = engines["plain"]
+    off = plain.generate([ASK_PERSON], SamplingParams(max_tokens=60, structured=so, spec_tokens=0), chat=True)[0]
+    assert off.num_draft_tokens == 0
+    jump = _answers(plain, [ASK_PERSON], so)[0]
+    assert jump.token_ids == off.token_ids
+    assert jump.num_draft_tokens >= 6 and jump.num_accepted_tokens >= 0.8 * jump.num_draft_tokens
+    assert len(jump.token_ids) - jump.num_accepted_tokens < len(off.token_ids)  # fewer steps
+
+    from cluster.engine import LLMEngine
+    engine = LLMEngine(EngineConfig(num_kv_blocks=128, num_threads=1, speculative=SpeculativeConfig.from_draft_arg(
+        "ngram", 5)), loaded=default_model)
+    recorded = []
+    engine.spec_policy.record = lambda *a, **k: recorded.append(a)  # noqa: E731  (what the policy learns)
+    out = _answers(engine, [ASK_PERSON], so)[0]
+    assert out.token_ids == off.token_ids and out.num_accepted_tokens > jump.num_accepted_tokens * 0.8
+    assert all(depth <= 5 for _, depth, _, *rest in recorded)
+    assert len(recorded) < out.num_drafts
+    engine.shutdown()

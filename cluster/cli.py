@@ -105,8 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(g)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--prompts-file", default=None,
-                   help="JSONL with `prompt` or `messages`, optional `max_tokens` and `prediction` (text the answer "
-                        "is expected to repeat: a draft source for lookup)")
+                   help="JSONL with `prompt` or `messages`, optional `max_tokens`, `prediction` (text the answer "
+                        "is expected to repeat: a draft source for lookup) and `response_format`")
+    g.add_argument("--response-format", default=None, metavar="JSON",
+                   help='structured output for every prompt, an OpenAI response_format object, e.g. '
+                        '\'{"type": "json_object"}\' or {"type": "json_schema", "json_schema": {"name": ..., '
+                        '"schema": ...}} (also regex, grammar, choice); a prompts-file line\'s own wins')
     g.add_argument("--concurrency", type=int, default=None, help="at most C prompts in flight (default all)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     g.add_argument("--ray", action="store_true", help="run through Ray actors (local instance, or RAY_ADDRESS)")
@@ -172,15 +176,23 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop")  # -
 
 def engine_requests(args, lines: list):
     """One engine request per prompt line (``cluster.prompt_file.PromptLine``: its messages, else its
-    text; optional ``max_tokens`` and ``prediction``), the sampling flags applying to all;
-    RequestError (a ValueError) names the first bad value."""
-    from cluster.request import engine_request, is_chat
+    text; optional ``max_tokens``, ``prediction`` and ``response_format``), the sampling flags (and
+    ``--response-format``) applying to all; RequestError (a ValueError) names the first bad value."""
+    from cluster.request import RequestError, engine_request, is_chat, structured_output
 
     flags = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    fmt = getattr(args, "response_format", None)
+    if fmt is not None:
+        try:
+            fmt = json.loads(fmt)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"--response-format {fmt!r}: not valid JSON ({e})", "response_format") from None
     out = []
     for line in lines:
         prompt = {"messages" if is_chat(line.prompt) else "prompt": line.prompt}
         own = {"max_tokens": line.fields.get("max_tokens"), "prediction": line.fields.get("prediction")}
+        line_fmt = line.fields.get("response_format", fmt)
+        own["structured"] = None if line_fmt is None else structured_output(line_fmt)
         out.append(engine_request({**flags, **prompt, **own}, args.max_tokens))
     return out
 

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from actors.sampling_params import SamplingParams
+from actors.structured_output import StructuredOutput
 from cluster.validation import REQUEST, first_field, format_validation_error
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos",
@@ -130,6 +131,41 @@ def sampling_params(fields: Mapping[str, Any], default_max_tokens: int) -> Sampl
         return SamplingParams(**given)
     except ValidationError as e:
         raise RequestError.from_validation(e) from None
+
+
+STRUCTURED_TYPES = ("json_schema", "regex", "grammar", "choice")  # response_format types with a field of their own
+
+
+def structured_output(fmt: Any) -> StructuredOutput | None:
+    """The engine's constraint for an OpenAI-shaped ``response_format`` object: ``{"type": "text"}``
+    (None), ``json_object``, ``json_schema`` (``{"name", "schema"}``; without a schema any JSON
+    object) and the extensions ``regex``, ``grammar`` (Lark) and ``choice``, each type's value in the
+    field named after it. RequestError naming response_format for a wrong shape or value."""
+    if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "json_object", *STRUCTURED_TYPES):
+        raise RequestError(f"response_format={fmt!r}: must be an object with type text, json_object, json_schema, "
+                           f"regex, grammar or choice", "response_format")
+    kind = fmt["type"]
+    given = [k for k in STRUCTURED_TYPES if fmt.get(k) is not None]
+    if kind in STRUCTURED_TYPES and kind not in given:
+        raise RequestError(f"response_format: type {kind!r} needs its {kind!r} field", "response_format")
+    extra = [k for k in given if k != kind]
+    if extra:
+        raise RequestError(f"response_format: type {kind!r} takes no {extra[0]!r} field", "response_format")
+    if kind == "text":
+        return None
+    value = fmt.get(kind)
+    if kind == "json_schema":
+        if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+            raise RequestError("response_format.json_schema: must be an object with a string 'name' and an "
+                               "optional 'schema'", "response_format")
+        value = value.get("schema")
+    if kind == "json_object" or value is None:
+        return StructuredOutput(kind="json_object")
+    try:
+        return StructuredOutput(kind=kind, value=value)
+    except ValidationError as e:
+        msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+        raise RequestError(f"response_format ({kind}): {msg}", "response_format") from None
 
 
 def engine_request(fields: Mapping[str, Any], default_max_tokens: int) -> EngineRequest:

@@ -23,7 +23,7 @@ from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt,
 from actors.sampling_params import SamplingParams
 from cluster.prompt_file import json_lines
 from cluster.request import RequestError, engine_request, is_chat
-from deployments.openai_api import ChatMessage
+from deployments.openai_api import ChatMessage, ResponseFormat
 
 
 class BatchLine(BaseModel):
@@ -46,6 +46,7 @@ class BatchLine(BaseModel):
     spec_tokens: StrictInt | None = None
     ignore_eos: StrictBool | None = None
     prediction: StrictStr | None = None  # text the answer is expected to repeat: lookup drafts from it
+    response_format: ResponseFormat | None = None  # structured output, as HTTP's (json_schema, ...)
 
     @field_validator("id", mode="before")
     @classmethod
@@ -138,7 +139,10 @@ class LineReader:
         try:
             for i, m in enumerate(line.messages or ()):
                 m.check_supported(i)  # e.g. tool_calls: refused, not silently dropped
-            req = engine_request(dict(line), self.default_max_tokens)
+            fields = dict(line)
+            if line.response_format is not None:
+                fields["structured"] = line.response_format.structured()
+            req = engine_request(fields, self.default_max_tokens)
         except RequestError as e:
             return LineError(n, line.id, str(e))
         return BatchRequest(n, line.id, req.prompt, req.params)

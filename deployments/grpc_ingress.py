@@ -11,6 +11,7 @@ details are the same message that names the bad field and value.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
@@ -71,6 +72,8 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         fields.update({"logprobs": True, "top_logprobs": k} if msg.messages else {"logprobs": k})
     if msg.HasField("prediction"):
         fields["prediction"] = {"type": "content", "content": msg.prediction}
+    if msg.HasField("response_format"):
+        fields["response_format"] = _json_field(msg.response_format, "response_format")
     if stream:
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
@@ -80,6 +83,14 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
     except ValidationError as e:
         err = RequestError.from_validation(e)
         raise APIError(400, str(err), param=err.field) from None
+
+
+def _json_field(text: str, name: str):
+    """A string field that carries JSON, parsed (400 naming the field when it is not JSON)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"{name}: not valid JSON ({e})", param=name) from None
 
 
 def _usage(outs: list[RequestOutput]) -> pb.Usage:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from actors.structured_output import StructuredOutput
 from cluster.request import (SAMPLING_FIELDS, Prompt, RequestError, chat_messages, content_text, engine_prompt,
-                             sampling_params)
+                             sampling_params, structured_output)
 from deployments.openai_fields import check_message, check_policy, policy_fields
 
 MAX_N = 16  # choices per request
@@ -109,26 +109,8 @@ class ResponseFormat(BaseModel):
     choice: list[str] | None = None
 
     def structured(self) -> StructuredOutput | None:
-        """The engine's constraint (None: free text); RequestError naming response_format when the
-        type's own field is missing or another type's is given."""
-        given = [k for k in ("json_schema", "regex", "grammar", "choice") if getattr(self, k) is not None]
-        own = self.type if self.type in ("json_schema", "regex", "grammar", "choice") else None
-        if own is not None and own not in given:
-            raise RequestError(f"response_format: type {self.type!r} needs its {self.type!r} field", "response_format")
-        extra = [k for k in given if k != own]
-        if extra:
-            raise RequestError(f"response_format: type {self.type!r} takes no {extra[0]!r} field", "response_format")
-        if self.type == "text":
-            return None
-        if self.type == "json_object" or (own == "json_schema" and self.json_schema.schema_ is None):
-            return StructuredOutput(kind="json_object")
-        value = self.json_schema.schema_ if own == "json_schema" else getattr(self, own)
-        try:
-            return StructuredOutput(kind=self.type, value=value)
-        except ValueError as e:  # pydantic's: the first error's message
-            msg = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e)
-            raise RequestError(f"response_format ({self.type}): {msg.removeprefix('Value error, ')}",
-                               "response_format") from None
+        """The engine's constraint (None: free text), by the one mapping of cluster.request."""
+        return structured_output(self.model_dump(by_alias=True, exclude_none=True))
 
 
 class ChatMessage(BaseModel):

@@ -343,3 +343,21 @@ def test_ray_job_submit_runs_resumes_and_logs_progress(ray_head, tmp_path):
     logs = submit(first_id + "-again")
     assert out.read_bytes() == written, "the second job redid nothing"
     assert "resuming: 4 results" in logs and "batch: finished: 4/4 done, 1 errors, 4 skipped" in logs, logs
+
+
+def test_a_line_may_ask_for_structured_output(tmp_path):
+    from actors.structured_output import StructuredOutput
+
+    path = _write_jsonl(tmp_path / "in.jsonl", [
+        {"id": "a", "prompt": "hi", "response_format": {"type": "choice", "choice": ["yes", "no"]}},
+        {"id": "b", "prompt": "hi", "response_format": {"type": "regex"}},
+        {"id": "c", "prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                             "schema": "nope"}}},
+        {"id": "d", "prompt": "hi", "response_format": {"type": "json_object"}, "ignore_eos": True},
+    ])
+    a, *bad = list(LineReader(path, Counter(), default_max_tokens=MAX_TOKENS))
+    assert a.params.structured == StructuredOutput(kind="choice", value=("yes", "no"))
+    assert [(e.id, type(e)) for e in bad] == [("b", LineError), ("c", LineError), ("d", LineError)]
+    for e, words in zip(bad, ("response_format: type 'regex' needs its 'regex' field", "response_format",
+                              "ignore_eos=true cannot be combined with structured output")):
+        assert words in e.error, e

@@ -66,6 +66,35 @@ def test_a_prompts_file_line_carries_its_prediction():
         engine_requests(args, [PromptLine(3, {"prompt": "a", "prediction": 5})])
 
 
+def test_structured_output_from_the_flag_or_a_line():
+    from argparse import Namespace
+
+    from actors.structured_output import StructuredOutput
+    from cluster.cli import SAMPLING_FLAGS, engine_requests
+    from cluster.prompt_file import PromptLine
+    from cluster.request import RequestError
+
+    args = Namespace(max_tokens=16, response_format='{"type": "json_object"}', **dict.fromkeys(SAMPLING_FLAGS))
+    lines = [PromptLine(1, {"prompt": "a"}),
+             PromptLine(2, {"prompt": "b", "response_format": {"type": "choice", "choice": ["x", "y"]}}),
+             PromptLine(3, {"prompt": "c", "response_format": {"type": "text"}})]
+    assert [r.params.structured for r in engine_requests(args, lines)] == [
+        StructuredOutput(kind="json_object"), StructuredOutput(kind="choice", value=("x", "y")), None]
+    with pytest.raises(RequestError, match="--response-format '{json'"):
+        engine_requests(Namespace(max_tokens=16, response_format="{json", **dict.fromkeys(SAMPLING_FLAGS)), lines)
+    with pytest.raises(RequestError, match="type 'grammar' needs its 'grammar' field"):
+        engine_requests(args, [PromptLine(4, {"prompt": "a", "response_format": {"type": "grammar"}})])
+
+
+@pytest.mark.model
+def test_generate_with_a_response_format(capsys):
+    code, out, err = run_cli(capsys, "generate", "--chat", "--max-tokens", "8", "--json", "--draft", "none",
+                             "--response-format", '{"type": "choice", "choice": ["blue", "green"]}',
+                             "What colour is the sea?")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["text"] in ("blue", "green")
+
+
 def test_console_script_exit_code_and_no_traceback():
     exe = REPO / ".venv" / "bin" / "specray"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cluster.cli"]

@@ -4,6 +4,8 @@ and responses, the stubs regenerate identically, the HTTP->gRPC status table and
 gRPC port. The calls through Serve's gRPC proxy are in tests/test_grpc.py."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from deployments.protos import specray_pb2 as pb
@@ -216,3 +218,22 @@ def test_prediction_maps_for_both_kinds_and_its_counts_reach_the_usage():
     outs = [_out("a", [7]), _out("b", [9], True, "stop")]
     outs[1].num_prediction_tokens, outs[1].num_accepted_prediction_tokens = 4, 4
     assert _chunks(outs)[-1].usage.rejected_prediction_tokens == 0
+
+
+def test_response_format_maps_for_both_kinds_and_bad_json_is_a_400_naming_it():
+    from actors.structured_output import StructuredOutput
+    from deployments.grpc_ingress import to_openai_request
+    from deployments.openai_api import APIError
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = json.dumps({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    for request in (pb.GenerateRequest(prompt="hi", response_format=fmt), chat_request(response_format=fmt)):
+        params = to_openai_request(request, stream=False)[0].to_engine(64)[1][0]
+        assert params.structured == StructuredOutput(kind="json_schema", value=schema)
+    choice = chat_request(response_format='{"type": "choice", "choice": ["a", "b"]}')
+    assert to_openai_request(choice, stream=False)[0].to_engine(64)[1][0].structured.value == ("a", "b")
+    assert to_openai_request(chat_request(), stream=False)[0].to_engine(64)[1][0].structured is None
+    for bad, says in (("{type: json", "not valid JSON"), ('{"type": "xml"}', "response_format.type")):
+        with pytest.raises(APIError, match=says) as e:
+            to_openai_request(chat_request(response_format=bad), stream=False)[0].to_engine(64)
+        assert e.value.status == 400 and e.value.param == "response_format"

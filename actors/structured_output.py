@@ -114,6 +114,12 @@ class GrammarCompiler:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, frozenset(eos_ids)
         self._ll_tokenizer = None
 
+    def warm_up(self) -> None:
+        """Build the tokenizer and llguidance's caches for it (~2 s on the CPU machine, once per
+        process): a server does this before taking traffic, or its first structured request would
+        hold the engine's step loop (every request) that long."""
+        self.state(StructuredOutput(kind="json_object")).forbidden([-1], [0])
+
     def state(self, constraint: StructuredOutput) -> GrammarState:
         """A fresh state for one request (ValueError with llguidance's message for a bad grammar)."""
         return GrammarState(self._compiled(constraint.grammar()).deep_copy(), self.vocab_size, self.eos_ids)

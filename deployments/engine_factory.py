@@ -40,9 +40,11 @@ def build_engine(args: ServeArgs, replica_id: str | None = None, app_name: str |
         from cluster.engine import LLMEngine
 
         engine = LLMEngine(replica_engine_config(args, replica_id, app_name))
+        engine.grammars.warm_up()  # before traffic: the first structured request would stall the step loop
         return engine, engine.shutdown
     from cluster.replica import RayOptions, build_replica_engine, shutdown_replica_engine
 
     opts = RayOptions(tp=args.tensor_parallel_size, drafters=args.drafters, allow_no_spec=args.allow_no_spec)
     engine = build_replica_engine(args.engine, opts)
+    engine.grammars.warm_up()
     return engine, lambda: shutdown_replica_engine(engine)

@@ -123,6 +123,14 @@ def test_tree_masks_equal_each_path_consumed_alone(compiler, so):
 
 
 @pytest.mark.model
+def test_warm_up_builds_the_tokenizer_and_a_grammar(default_model):
+    fresh = GrammarCompiler(default_model.tokenizer, default_model.config.vocab_size, {2})
+    assert fresh._ll_tokenizer is None
+    fresh.warm_up()
+    assert fresh._ll_tokenizer is not None and fresh._compiled.cache_info().currsize >= 1
+
+
+@pytest.mark.model
 def test_bad_grammars_are_refused_with_the_compilers_message(compiler):
     with pytest.raises(ValueError, match="Invalid type: wat"):
         compiler.state(StructuredOutput(kind="json_schema", value={"type": "wat"}))

@@ -31,8 +31,8 @@ from cluster.drafting import DraftPlanner
 from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
-from cluster.request import RequestError
 from cluster.proposers import build_proposer
+from cluster.request import RequestError
 from cluster.runtime import (kv_blocks_for, kv_cache_dtype_for, kv_tiers_for, load_target, local_verifier,
                              resolve_device_dtype, swap_policy_for)
 from cluster.shared_kv import attach_shared_kv

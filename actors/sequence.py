@@ -28,6 +28,7 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # [depth-1] -> accepted count
+    num_forced_tokens: int = 0  # of the accepted, those a grammar forced (structured output's free drafts)
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:

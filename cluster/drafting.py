@@ -208,7 +208,10 @@ class DraftPlanner:
 
     def record(self, seq: Sequence, tree: TokenTree, num_accepted: int) -> None:
         """Verification kept ``num_accepted`` of ``tree``'s drafts (call before appending the tokens)."""
-        if self.policy is not None and tree.size > 1 and seq.seq_id not in self.forced:
+        if seq.seq_id in self.forced:
+            seq.spec.num_forced_tokens += num_accepted
+            return
+        if self.policy is not None and tree.size > 1:
             self.policy.record(seq.seq_id, tree.max_depth, num_accepted, self.source(seq))
 
     def learn(self, part: list[ScheduledSeq], chunks: list[SeqChunk], trees: dict[int, TokenTree],

@@ -41,6 +41,9 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   that scrape rather than reported as zeros;
 - ``prediction_tokens{outcome}``: the tokens of finished requests' predictions (OpenAI's predicted
   outputs) that their answers repeated (``accepted``) or not (``rejected``), as their usage reports;
+- ``structured_output_requests{kind}``: finished requests held to a grammar (``response_format``:
+  json_object, json_schema, regex, grammar, choice), and ``grammar_forced_tokens``: the tokens their
+  grammars forced, drafted without a proposer and accepted (actors/structured_output.py);
 - HTTP answers by route and status (filled by the ingress middleware);
 - ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process
   (actors/gc_pauses.py).
@@ -54,12 +57,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from actors import gc_pauses
+from actors.structured_output import Kind
 from cluster.heap import resident_bytes
 from cluster.metrics_merge import KV_TOTAL, KV_USAGE, KV_USED, P, SPEEDUP, Snapshot, snapshot
 
@@ -131,6 +135,13 @@ class EngineMetrics:
                                          ["outcome"], registry=r)
         for outcome in ("accepted", "rejected"):
             self.prediction_tokens.labels(outcome=outcome)
+        self.structured_requests = Counter(P + "structured_output_requests",
+                                           "Finished requests held to a grammar (response_format), by kind",
+                                           ["kind"], registry=r)
+        for kind in get_args(Kind):
+            self.structured_requests.labels(kind=kind)
+        self.forced_tokens = Counter(P + "grammar_forced_tokens",
+                                     "Tokens structured-output grammars forced, drafted and accepted", registry=r)
         for reason in FINISH_REASONS:
             self.request_success.labels(finished_reason=reason)
         self._state = _EngineStateCollector()
@@ -203,6 +214,9 @@ class EngineMetrics:
                 self.tpot.observe((out.e2e_s - out.ttft_s) / (out.num_output_tokens - 1))
         if out.e2e_s is not None:
             self.e2e.observe(out.e2e_s)
+        if out.structured is not None:
+            self.structured_requests.labels(kind=out.structured).inc()
+            self.forced_tokens.inc(out.num_forced_tokens)
         if out.num_prediction_tokens:
             self.prediction_tokens.labels(outcome="accepted").inc(out.num_accepted_prediction_tokens)
             self.prediction_tokens.labels(outcome="rejected").inc(

@@ -37,6 +37,10 @@ class RequestOutput:
     # repeats (in order: ``repeated_tokens``)
     num_prediction_tokens: int = 0
     num_accepted_prediction_tokens: int = 0
+    # Requests with structured output: its kind (json_schema, ...), and the accepted drafts its grammar
+    # forced (counted in num_accepted_tokens too)
+    structured: str | None = None
+    num_forced_tokens: int = 0
     # Requests with prompt_logprobs, on their first and their final output: the prompt's token ids
     # and one TokenLogprob per prompt token after the first (the first has no row that predicts it)
     prompt_token_ids: list[int] | None = None
@@ -133,6 +137,8 @@ def make_output(seq: Sequence, text: str, stream_len: int, prev_tokens: int) -> 
         num_host_cached_tokens=seq.num_host_cached_tokens,
         num_disk_cached_tokens=seq.num_disk_cached_tokens,
         num_shared_cached_tokens=seq.num_shared_cached_tokens,
+        structured=None if seq.params.structured is None else seq.params.structured.kind,
+        num_forced_tokens=seq.spec.num_forced_tokens,
         **(_prediction_fields(seq, out_ids) if seq.is_finished and seq.params.prediction_ids else {}),
         **(_prompt_fields(seq) if seq.prompt_logprobs is not None and (prev_tokens == 0 or seq.is_finished) else {}),
         hidden_states=_hidden_states(seq),

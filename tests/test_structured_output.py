@@ -303,3 +303,23 @@ def test_forced_tokens_are_drafted_even_without_a_proposer(engines, default_mode
     assert all(depth <= 5 for _, depth, _, *rest in recorded)
     assert len(recorded) < out.num_drafts
     engine.shutdown()
+
+
+@pytest.mark.model
+def test_the_metrics_count_structured_requests_and_forced_tokens(engines):
+    from tests.test_metrics import sample_value
+
+    engine = engines["plain"]
+    before = engine.metrics.snapshot()
+    out = _answers(engine, [ASK_PERSON], StructuredOutput(kind="json_schema", value=PERSON))[0]
+    choice = _answers(engine, [ASK_POEM], StructuredOutput(kind="choice", value=["a", "b"]))[0]
+    after = engine.metrics.snapshot()
+
+    def delta(name, **labels):
+        return sample_value(after, name, **labels) - sample_value(before, name, **labels)
+    assert delta("specray:structured_output_requests_total", kind="json_schema") == 1
+    assert delta("specray:structured_output_requests_total", kind="choice") == 1
+    assert delta("specray:structured_output_requests_total", kind="regex") == 0
+    assert out.structured == "json_schema" and out.num_forced_tokens >= 6
+    assert delta("specray:grammar_forced_tokens_total") == out.num_forced_tokens + choice.num_forced_tokens
+    assert out.num_forced_tokens <= out.num_accepted_tokens

@@ -24,6 +24,7 @@ from actors.structured_output import StructuredOutput
 from cluster.request import (SAMPLING_FIELDS, Prompt, RequestError, chat_messages, content_text, engine_prompt,
                              sampling_params, structured_output)
 from deployments.openai_fields import check_message, check_policy, policy_fields
+from deployments.openai_tools import Tool, ToolChoice, ToolUse
 
 MAX_N = 16  # choices per request
 MAX_TEMPERATURE = 2.0  # OpenAI's range: [0, 2]
@@ -116,7 +117,7 @@ class ResponseFormat(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool", "developer", "function"]  # function: a 400
-    content: str | list[ContentPart]
+    content: str | list[ContentPart] | None = None  # None: only an assistant's message with tool_calls
     name: str | None = None  # accepted and ignored (deployments.openai_fields), as the rest below
     tool_call_id: str | None = None
     tool_calls: Any = None
@@ -125,8 +126,16 @@ class ChatMessage(BaseModel):
     refusal: Any = None
 
     def check_supported(self, index: int) -> None:
-        """RequestError naming a field of this message the server cannot honour (``tool_calls``, ...)."""
+        """RequestError naming a field of this message the server cannot honour (``audio``, ...), or
+        a message without content that is not an assistant's with tool calls."""
         check_message(dict(self), index)
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise RequestError(f"messages[{index}]: content is missing (only an assistant message with tool_calls "
+                               "may leave it out)", "messages")
+        if self.tool_calls is not None and not isinstance(self.tool_calls, list):
+            raise RequestError(f"messages[{index}].tool_calls must be a list of calls", "messages")
+        if self.tool_calls and self.role != "assistant":
+            raise RequestError(f"messages[{index}]: only assistant messages carry tool_calls", "messages")
 
 
 class SamplingRequest(BaseModel):
@@ -174,6 +183,12 @@ class SamplingRequest(BaseModel):
                           prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text(),
                           structured=None if self.response_format is None else self.response_format.structured())
             base = sampling_params(fields, default_max_tokens=max_model_len)
+        tools = self.tool_use()
+        if tools.constraint() is not None:
+            if base.structured is not None:
+                raise APIError(400, f"response_format={self.response_format.type!r} and tool_choice="
+                                    f"{tools.mode!r} both constrain the answer; send one", param="response_format")
+            base = base.model_copy(update={"structured": tools.constraint()})
         if self.seed is None:
             return prompts, [base] * self.n
         return prompts, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
@@ -189,6 +204,10 @@ class SamplingRequest(BaseModel):
     def prompt_logprobs_k(self) -> int | None:
         """The same for the prompt's tokens (completions' echo), None = not computed."""
         return None
+
+    def tool_use(self) -> ToolUse:
+        """The request's tools and tool_choice (chat only; none here)."""
+        return ToolUse()
 
     def prediction_text(self) -> str | None:
         """The predicted output's text, None = none."""
@@ -280,6 +299,9 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     add_generation_prompt: bool = True  # open an assistant turn after the messages
     continue_final_message: bool = False  # the answer continues the last (assistant) message
     echo: bool = False  # a last assistant message's content before each choice's content
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self, max_model_len: int) -> None:
         super().check_supported(max_model_len)
@@ -323,7 +345,14 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     def prompt_fields(self) -> list[dict]:
         for i, m in enumerate(self.messages):
             m.check_supported(i)
-        return [{"messages": self.messages}]
+        texts = chat_messages(self.messages)  # role and content text (parts joined)
+        return [{"messages": self.tool_use().messages([{**t, "tool_calls": m.tool_calls}
+                                                       for t, m in zip(texts, self.messages)])}]
+
+    def tool_use(self) -> ToolUse:
+        with _as_api_error():
+            return ToolUse(tools=self.tools or [], choice=self.tool_choice,
+                           parallel=self.parallel_tool_calls is not False).checked()
 
 
 def checked_logprobs_k(k: int, field: str) -> int:

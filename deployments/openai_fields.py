@@ -74,8 +74,10 @@ FIELDS: tuple[FieldPolicy, ...] = (
                 "this server reads text only"),
     FieldPolicy("messages[].role function", REJ, True, False, "deprecated function messages are not supported"),
     FieldPolicy("messages[].name", IGN, True, False, "not passed to the chat template"),
-    FieldPolicy("messages[].tool_call_id", IGN, True, False, "tool calling is not implemented"),
-    FieldPolicy("messages[].tool_calls", REJ, True, False, "tool calling is not implemented; `[]` accepted", _empty),
+    FieldPolicy("messages[].tool_call_id", IGN, True, False, "a tool message is rendered as a `tool` turn holding "
+                "its result, in the order given"),
+    FieldPolicy("messages[].tool_calls", IMPL, True, False, "an assistant's earlier calls, rendered in the call "
+                "format (`<tool_call>` blocks); its `content` may then be null"),
     FieldPolicy("messages[].function_call", REJ, True, False, "function calling is not implemented"),
     FieldPolicy("messages[].audio", REJ, True, False, "audio is not supported"),
     FieldPolicy("messages[].refusal", REJ, True, False, "refusals in the history are not supported"),
@@ -130,9 +132,13 @@ FIELDS: tuple[FieldPolicy, ...] = (
                 "`text`, `json_object`, `json_schema` (the answer always matches the schema; `strict` accepted); "
                 "extensions: `regex`, `grammar` (Lark), `choice` (a list of strings); completions: extension. "
                 "Every token masked to the grammar, drafted or not"),
-    FieldPolicy("tools", REJ, True, False, "tool calling is not implemented; `[]` accepted", _empty),
-    FieldPolicy("tool_choice", REJ, True, False, "tool calling is not implemented; `\"none\"` accepted", _is("none")),
-    FieldPolicy("parallel_tool_calls", IGN, True, False, "no tools can be given"),
+    FieldPolicy("tools", IMPL, True, False, "function tools, described to the model in a system message; "
+                "calls come back as `tool_calls` (finish_reason `tool_calls`), streamed as one delta"),
+    FieldPolicy("tool_choice", IMPL, True, False, "`none`, `auto` (the default with tools: an answer that starts "
+                "with a call is parsed as calls), `required` or a named function (the answer is constrained to "
+                "calls whose arguments match the tool's parameters)"),
+    FieldPolicy("parallel_tool_calls", IMPL, True, False, "with `required` / a named function: false allows "
+                "exactly one call (default true: one or more)"),
     FieldPolicy("functions", REJ, True, False, "function calling is not implemented; `[]` accepted", _empty),
     FieldPolicy("function_call", REJ, True, False, "function calling is not implemented; `\"none\"` accepted",
                 _is("none")),

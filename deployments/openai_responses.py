@@ -84,11 +84,14 @@ def finish_reason_of(out: RequestOutput) -> str | None:
 
 
 def choice_body(index: int, out: RequestOutput, chat: bool, logprobs: dict | None = None,
-                token_ids: bool = False) -> dict:
-    """One choice of a non-streaming answer."""
+                token_ids: bool = False, tool_calls: list[dict] | None = None) -> dict:
+    """One choice of a non-streaming answer; ``tool_calls``: the calls the answer made (chat)."""
     if chat:
-        choice = {"index": index, "message": {"role": "assistant", "content": out.text},
-                  "logprobs": logprobs, "finish_reason": finish_reason_of(out)}
+        message = {"role": "assistant", "content": out.text}
+        if tool_calls:
+            message.update(content=None, tool_calls=tool_calls)
+        choice = {"index": index, "message": message, "logprobs": logprobs,
+                  "finish_reason": "tool_calls" if tool_calls else finish_reason_of(out)}
     else:
         choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason_of(out)}
     if token_ids:
@@ -105,11 +108,15 @@ def completion_response(rid: str, model: str, choices: list[dict], outs: list[Re
 
 def stream_chunk(rid: str, model: str, chat: bool, index: int = 0, text: str | None = None,
                  finish_reason: str | None = None, role: bool = False, created: int | None = None,
-                 token_ids: list[int] | None = None, logprobs: dict | None = None, usage: dict | None = None) -> dict:
+                 token_ids: list[int] | None = None, logprobs: dict | None = None, usage: dict | None = None,
+                 tool_calls: list[dict] | None = None) -> dict:
     """One SSE chunk with one choice, ``index`` (``text`` None and ``role`` set: the chat opening chunk);
-    ``usage``: the usage so far (``stream_options.continuous_usage_stats``)."""
+    ``usage``: the usage so far (``stream_options.continuous_usage_stats``); ``tool_calls``: an
+    answer's calls, whole, in one delta (each with its ``index``)."""
     if chat:
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+        if tool_calls:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(tool_calls)]
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}

@@ -27,6 +27,7 @@ from deployments.openai_logprobs import LogprobFormatter
 from deployments.openai_responses import (choice_body, completion_response, finish_reason_of, model_card,
                                           models_response, new_id, prompt_heads, running_usage, stream_chunk,
                                           usage_chunk)
+from deployments.openai_tools import CallStream, parse_tool_calls
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -140,10 +141,11 @@ class OpenAIServer:
         if req.prompt_only:  # the token generated to end the request is not part of the answer
             outs = [dataclasses.replace(o, text="", token_ids=[], num_output_tokens=0) for o in outs]
             logprobs = [None if lps is None else [] for lps in logprobs]
-        bodies = []
+        bodies, names = [], req.tool_use().names
         for i, (out, lps) in enumerate(zip(outs, logprobs)):
             if gen.echo is None:
-                bodies.append(choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids))
+                calls = parse_tool_calls(out.text, names) if names and out.finish_reason == "stop" else None
+                bodies.append(choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids, calls))
                 continue
             if chat:  # a continued assistant message: its start before the answer
                 body = choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids)
@@ -175,6 +177,8 @@ class OpenAIServer:
         streamed = [0] * len(finals)  # tokens per choice so far (continuous usage)
 
         prompt_tokens = sum(o.num_prompt_tokens for o in prompt_heads(finals, gen.per_prompt))
+        names = req.tool_use().names
+        calling = [CallStream(names) for _ in finals] if names else None  # answers that may be tool calls
 
         def usage() -> dict | None:
             return running_usage(prompt_tokens, streamed) if req.continuous_usage else None
@@ -191,7 +195,9 @@ class OpenAIServer:
                                              code="engine_error"))
                         break
                     ids = out.delta_token_ids if req.return_token_ids else None
-                    lp, text = None, out.delta_text
+                    lp, text, calls = None, out.delta_text, None
+                    if calling is not None:
+                        text, calls = calling[i].step(text, out.finished, out.finish_reason)
                     echoing = echo is not None and echo[i] is not None  # a choice's first chunk: the echo first
                     if echoing:
                         text, echo[i] = echo[i] + text, None
@@ -205,8 +211,9 @@ class OpenAIServer:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
                     if text or out.finished or ids or lp:
                         streamed[i] = out.num_output_tokens
-                        yield sse(stream_chunk(index=i, text=text, finish_reason=finish_reason_of(out),
-                                               token_ids=ids, logprobs=lp, usage=usage(), **chunk))
+                        reason = "tool_calls" if calls else finish_reason_of(out)
+                        yield sse(stream_chunk(index=i, text=text, finish_reason=reason, token_ids=ids, logprobs=lp,
+                                               usage=usage(), tool_calls=calls, **chunk))
         except RuntimeError as e:  # the engine loop failed or stopped under this request
             yield sse(error_body(f"generation failed: {e}", "service_unavailable_error", code="engine_unavailable"))
         if req.include_usage:

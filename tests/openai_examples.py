@@ -8,16 +8,14 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 # Values that ask for something this server cannot do, per rejected top-level field.
 REJECTED = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "auto", "functions": [{"name": "f"}], "function_call": "auto",
+    "functions": [{"name": "f"}], "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"],
     "web_search_options": {}, "reasoning_effort": "high",
     "verbosity": "low", "moderation": {"model": "omni-moderation-latest"},
     "suffix": "!", "best_of": 2,
 }
-NEUTRAL = {"tools": [], "tool_choice": "none", "functions": [], "function_call": "none", "modalities": ["text"],
+NEUTRAL = {"functions": [], "function_call": "none", "modalities": ["text"],
            "reasoning_effort": "none", "verbosity": "medium", "suffix": "",
            "best_of": 1}
 IGNORED = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"}, "store": True, "service_tier": "auto",
-           "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"},
-           "parallel_tool_calls": False}
+           "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"ttl": "1h"}}

@@ -89,7 +89,9 @@ def test_a_rejected_field_is_a_400_naming_it_and_its_neutral_value_is_not(name):
 
 
 @pytest.mark.parametrize("message, words", [
-    ({"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}, "messages[0].tool_calls="),
+    ({"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}, "messages: tool_calls[0] needs a function"),
+    ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "messages[0]: only assistant"),
+    ({"role": "user"}, "messages[0]: content is missing"),
     ({"role": "assistant", "content": "x", "function_call": {"name": "f"}}, "messages[0].function_call="),
     ({"role": "assistant", "content": "x", "audio": {"id": "a"}}, "messages[0].audio="),
     ({"role": "assistant", "content": "x", "refusal": "no"}, "messages[0].refusal="),

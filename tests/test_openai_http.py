@@ -227,7 +227,7 @@ def test_conformance_over_serve(base_url, client):
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
                                             stream_options={"include_usage": True, "continuous_usage_stats": True}))
     assert all(c.usage is not None for c in chunks) and chunks[-1].usage.completion_tokens >= 1
-    for kwargs, param in [(dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    for kwargs, param in [(dict(tools=[{"type": "function", "function": {"name": "f f", "parameters": {}}}]), "tools"),
                           (dict(response_format={"type": "json_schema", "json_schema": {
                               "name": "bad", "schema": {"type": "wat"}}}), "response_format"),
                           (dict(temperature=1e308), "temperature")]:

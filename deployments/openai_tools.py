@@ -10,7 +10,8 @@ to it in a system message with one format for calls (Hermes-style): each call a 
   text (as vLLM's tool parsers do).
 - ``"required"`` or a named function: the answer is constrained (actors/structured_output.py) to
   calls in that format whose arguments match each tool's ``parameters`` schema (one call, or one
-  or more with ``parallel_tool_calls``), so it always parses.
+  or more with ``parallel_tool_calls``), so it always parses; objects in the parameters take no
+  keys beyond their ``properties`` unless they say so (``closed``).
 
 Earlier turns are rendered in the same format: an assistant message's ``tool_calls`` as its
 ``<tool_call>`` blocks, a ``tool`` message as a turn of role ``tool`` holding the result. Answers
@@ -109,9 +110,9 @@ class ToolUse(BaseModel):
         their arguments held to each tool's parameters (None: not constrained)."""
         if self.mode not in ("required", "named"):
             return None
-        empty = {"type": "object", "properties": {}, "additionalProperties": False}
+        empty = {"type": "object", "properties": {}}
         alternatives = [json.dumps({"type": "object", "properties": {
-            "name": {"const": t.function.name}, "arguments": t.function.parameters or empty},
+            "name": {"const": t.function.name}, "arguments": closed(t.function.parameters or empty)},
             "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_OPTIONS})
             for t in self.called()]
         calls = "call (NL call)*" if self.parallel else "call"
@@ -140,6 +141,26 @@ class ToolUse(BaseModel):
         if out and out[0]["role"] in ("system", "developer"):
             return [{"role": out[0]["role"], "content": f"{out[0]['content']}\n\n{text}"}, *out[1:]]
         return [{"role": "system", "content": text}, *out]
+
+
+def closed(schema: Any) -> Any:
+    """A JSON schema whose objects take no properties beyond those listed unless it says otherwise
+    (``additionalProperties``, as OpenAI's strict function calling requires): under a grammar a
+    small model otherwise goes on adding keys until max_tokens."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k in _SUBSCHEMAS else v for k, v in schema.items()}
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed(s) for name, s in schema[key].items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+_SUBSCHEMAS = ("items", "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "prefixItems")
 
 
 def _choice_text(choice) -> str:

@@ -141,3 +141,20 @@ def test_tool_errors_over_http(app):  # noqa: F811
     assert e.value.body["param"] == "tool_choice"
     with pytest.raises(openai.UnprocessableEntityError):
         _chat(app, messages=ASK, tools=[{"type": "code_interpreter"}])
+
+
+def test_constrained_arguments_are_closed_objects_unless_the_schema_opens_them():
+    from deployments.openai_tools import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}},
+                                               "e": {"type": "object", "additionalProperties": True}},
+              "$defs": {"x": {"anyOf": [{"type": "object"}, {"type": "string"}]}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["additionalProperties"] is False
+    assert out["properties"]["e"]["additionalProperties"] is True
+    assert out["$defs"]["x"]["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in \
+        out["$defs"]["x"]["anyOf"][1]
+    assert "additionalProperties" not in schema  # the request's own is left as it was

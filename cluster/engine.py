@@ -32,7 +32,6 @@ from cluster.metrics import EngineMetrics
 from cluster.outputs import Detokenizer, RequestOutput, make_output
 from cluster.prompts import PromptEncoder, eos_ids
 from cluster.proposers import build_proposer
-from cluster.request import RequestError
 from cluster.runtime import (kv_blocks_for, kv_cache_dtype_for, kv_tiers_for, load_target, local_verifier,
                              resolve_device_dtype, swap_policy_for)
 from cluster.shared_kv import attach_shared_kv
@@ -157,12 +156,9 @@ class LLMEngine:
         if params.return_hidden_states and not hasattr(self.verifier, "forward_logits_and_hidden"):
             raise ValueError(f"return_hidden_states: the verifier {type(self.verifier).__name__} returns no hidden "
                              "states (it needs the in-process verifier)")
+        grammar = self.prompts.grammar_state(self.grammars, params)
         seq = Sequence(request_id, ids, params)
-        if params.structured is not None:
-            try:
-                seq.grammar = self.grammars.state(params.structured)
-            except ValueError as e:
-                raise RequestError(f"response_format ({params.structured.kind}): {e}", "response_format") from None
+        seq.grammar = grammar
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return seq

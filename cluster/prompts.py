@@ -68,6 +68,17 @@ class PromptEncoder:
         return params
 
     @staticmethod
+    def grammar_state(compiler, params):
+        """The request's grammar state (``actors.structured_output``), None without structured output;
+        a grammar the compiler refuses is a RequestError naming response_format."""
+        if params.structured is None:
+            return None
+        try:
+            return compiler.state(params.structured)
+        except ValueError as e:
+            raise RequestError(f"response_format ({params.structured.kind}): {e}", "response_format") from None
+
+    @staticmethod
     def check_params(params, vocab_size: int) -> None:
         """Token ids inside the sampling parameters (``logit_bias``, ``stop_token_ids``, a tokenized
         ``prediction``) are in the vocabulary."""

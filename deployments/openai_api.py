@@ -17,7 +17,7 @@ import json
 from contextlib import contextmanager
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, create_model
 
 from actors.sampling_params import MAX_LOGPROBS, SamplingParams
 from actors.structured_output import StructuredOutput
@@ -184,11 +184,12 @@ class SamplingRequest(BaseModel):
                           structured=None if self.response_format is None else self.response_format.structured())
             base = sampling_params(fields, default_max_tokens=max_model_len)
         tools = self.tool_use()
-        if tools.constraint() is not None:
+        calls = tools.constraint()
+        if calls is not None:
             if base.structured is not None:
                 raise APIError(400, f"response_format={self.response_format.type!r} and tool_choice="
                                     f"{tools.mode!r} both constrain the answer; send one", param="response_format")
-            base = base.model_copy(update={"structured": tools.constraint()})
+            base = base.model_copy(update={"structured": calls})
         if self.seed is None:
             return prompts, [base] * self.n
         return prompts, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
@@ -302,6 +303,7 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    _tool_use: ToolUse | None = PrivateAttr(None)  # checked once: to_engine, the prompt and the answer read it
 
     def check_supported(self, max_model_len: int) -> None:
         super().check_supported(max_model_len)
@@ -350,9 +352,11 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
                                                        for t, m in zip(texts, self.messages)])}]
 
     def tool_use(self) -> ToolUse:
-        with _as_api_error():
-            return ToolUse(tools=self.tools or [], choice=self.tool_choice,
-                           parallel=self.parallel_tool_calls is not False).checked()
+        if self._tool_use is None:
+            with _as_api_error():
+                self._tool_use = ToolUse(tools=self.tools or [], choice=self.tool_choice,
+                                         parallel=self.parallel_tool_calls is not False).checked()
+        return self._tool_use
 
 
 def checked_logprobs_k(k: int, field: str) -> int:

@@ -15,6 +15,7 @@ captured, else of launches (wall clock on CPU)."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.nn.functional as F
@@ -84,9 +85,22 @@ def kernel(device: torch.device):
     return "native", ab.native_paged_attention
 
 
+def split_times(q, k, v, fb, scale: float, segments: list[int], device: torch.device, reps: int) -> dict:
+    """The Triton kernel on one case with each split-K count in ``segments`` forced -> {"heuristic":
+    the count the backend chooses, "times": {count: median seconds}}."""
+    from actors.model.attention_backends import triton_meta
+    from kernels import triton_attention as ta
+
+    tree, chosen, (qsl, kv_lens, tables) = triton_meta(q, k, fb)
+    times = {s: _timed(lambda s=s: ta.paged_attention(q, k, v, qsl, kv_lens, tables, scale, tree=tree, num_segments=s),
+                       device, reps) for s in segments}
+    return {"heuristic": chosen, "times": times}
+
+
 def measure(batch: int, context: int, tree: int | None, device: torch.device, reps: int,
-            prefill: bool = False) -> dict:
-    """One case: ``tree`` nodes (None: one decode token; with ``prefill``, ``context`` causal queries)."""
+            prefill: bool = False, segments: list[int] = ()) -> dict:
+    """One case: ``tree`` nodes (None: one decode token; with ``prefill``, ``context`` causal queries);
+    ``segments``: also the Triton kernel at each of these split-K counts (split_times)."""
     from actors.model.attention import paged_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -108,6 +122,8 @@ def measure(batch: int, context: int, tree: int | None, device: torch.device, re
                                                                         is_causal=prefill, enable_gqa=True),
                                  device, reps)
     out["kv_bytes"] = 2 * batch * context * KVH * D * torch.finfo(dtype).bits // 8
+    if segments:
+        out["split"] = split_times(q, k, v, fb, scale, list(segments), device, reps)
     return out
 
 
@@ -122,6 +138,22 @@ def table(rows: list[dict]) -> str:
                            for r in rows])
 
 
+def split_table(rows: list[dict]) -> str:
+    """The Triton kernel's time per forced split-K count (the backend's own choice starred, the
+    fastest in bold) and how the choice compares with the fastest."""
+    counts = sorted({s for r in rows for s in r["split"]["times"]})
+    out = []
+    for r in rows:
+        times, chosen = r["split"]["times"], r["split"]["heuristic"]
+        best = min(times, key=times.get)
+        cells = [("**{:.0f} us**" if s == best else "{:.0f} us").format(times[s] * 1e6) + (" *" if s == chosen else "")
+                 if s in times else "-" for s in counts]
+        ratio = f"{times[chosen] / times[best]:.2f}x" if chosen in times else f"S={chosen} not timed"
+        out.append([str(r["batch"]), str(r["context"]), str(r["queries"]), str(chosen), *cells, ratio])
+    return md_table(["batch", "context", "queries/seq", "backend's S", *[f"S={s}" for s in counts],
+                     "backend's S / fastest"], out)
+
+
 def main(argv: list[str] | None = None) -> int:
     global H, KVH, D
     ap = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench", description=__doc__.splitlines()[0])
@@ -133,24 +165,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="8b", choices=sorted(SHAPES), help="heads, KV heads, head dim of a layer")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--segments", default="",
+                    help="also time the Triton kernel at each of these split-K counts (powers of two, e.g. 1,4,16,64) "
+                         "beside the backend's own choice (CUDA, or TRITON_INTERPRET=1 on CPU)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     H, KVH, D = SHAPES[args.shape]
+    try:
+        segments = [int(x) for x in args.segments.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--segments {args.segments!r}: give comma-separated powers of two, e.g. 1,4,16")
+    if bad := [s for s in segments if s < 1 or s & (s - 1)]:
+        ap.error(f"--segments {args.segments!r}: {bad[0]} is not a power of two")
+    if segments and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error(f"--segments times the Triton kernel: it needs CUDA or TRITON_INTERPRET=1 (device {device})")
     if device.type == "cpu":
         from kernels import cpu_native
 
         if not cpu_native.load():
             ap.error(f"the native CPU kernels cannot be built here: {cpu_native.unavailable_reason()}")
-    rows = [measure(b, c, None, device, args.reps) for c in map(int, args.contexts.split(","))
+    rows = [measure(b, c, None, device, args.reps, segments=segments) for c in map(int, args.contexts.split(","))
             for b in map(int, args.batches.split(","))]
     if args.tree:
-        rows.append(measure(1, 4096, args.tree, device, args.reps))
+        rows.append(measure(1, 4096, args.tree, device, args.reps, segments=segments))
     if args.prefill:
-        rows.append(measure(1, args.prefill, None, device, args.reps, prefill=True))
+        rows.append(measure(1, args.prefill, None, device, args.reps, prefill=True, segments=segments))
     print(f"## Paged attention ({args.shape} shape): {rows[0]['kernel']} vs the torch reference vs dense SDPA\n\n"
           + table(rows))
+    if segments:
+        print("\n## Split-K: the Triton kernel per number of key segments S (* the backend's choice, fastest in "
+              "bold)\n\n" + split_table(rows))
     return 0
 
 

@@ -359,3 +359,25 @@ def test_attention_bench_runs_and_agrees(monkeypatch):
         dense = torch.nn.functional.scaled_dot_product_attention(qd, dk, dv, attn_mask=mask, scale=0.25,
                                                                  is_causal=prefill, enable_gqa=True)
         torch.testing.assert_close(dense.transpose(1, 2).reshape(q.shape), want, atol=1e-4, rtol=1e-4)
+
+def test_attention_bench_split_k_sweep(monkeypatch, capsys):
+    """--segments times the Triton kernel (interpreted here) at each forced split-K count beside the
+    backend's own choice; the table stars that choice and bolds the fastest; bad counts are refused
+    naming the value."""
+    from benchmarks import attention_bench as ab
+
+    monkeypatch.setattr(ab, "H", 4)
+    monkeypatch.setattr(ab, "KVH", 2)
+    monkeypatch.setattr(ab, "D", 16)
+    rows = [ab.measure(1, 1024, None, torch.device("cpu"), reps=1, segments=[1, 2]),
+            ab.measure(1, 40, 7, torch.device("cpu"), reps=1, segments=[1, 2])]
+    assert [sorted(r["split"]["times"]) for r in rows] == [[1, 2], [1, 2]]
+    assert all(t > 0 for r in rows for t in r["split"]["times"].values())
+    assert rows[0]["split"]["heuristic"] == 2 and rows[1]["split"]["heuristic"] == 1  # one long decode splits
+    text = ab.split_table(rows)
+    assert "| S=1 | S=2 |" in text and text.count("**") == 4 and text.count(" *") >= 2
+    assert "| 1 | 1024 | 1 | 2 |" in text and "| 1 | 40 | 7 | 1 |" in text
+    for bad, msg in (("3", "3 is not a power of two"), ("a,b", "'a,b'")):
+        with pytest.raises(SystemExit):
+            ab.main(["--device", "cpu", "--segments", bad])
+        assert msg in capsys.readouterr().err

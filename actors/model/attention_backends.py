@@ -172,15 +172,24 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     meta = batch.cache.get(CACHE_KEY)
     if meta is None:
-        tree = ta.pack_tree_masks(batch.window_masks or [None] * batch.num_seqs, q.device)
-        max_context = batch.block_tables.shape[1] * batch.block_size  # an upper bound of every kv_len
-        segments = ta.choose_num_segments(q.shape[0], batch.num_seqs, k_cache.shape[-2], max_context)
-        # the kernel indexes its metadata densely: a lone token's doubled batch (ForwardBatch.doubled,
-        # on CPU) holds broadcast views of one row
-        dense = (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(), batch.block_tables.contiguous())
-        meta = batch.cache[CACHE_KEY] = (tree, segments, dense)
+        meta = batch.cache[CACHE_KEY] = triton_meta(q, k_cache, batch)
     tree, segments, (qsl, kv_lens, tables) = meta
     return ta.paged_attention(q, k_cache, v_cache, qsl, kv_lens, tables, scale, tree=tree, num_segments=segments)
+
+
+def triton_meta(q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch) -> tuple:
+    """What the Triton kernel needs of ``batch`` besides q and the caches, from shapes only (no
+    device sync): (packed tree masks or None, split-K segments, (query_start_loc, kv_lens,
+    block_tables) contiguous)."""
+    from kernels import triton_attention as ta
+
+    tree = ta.pack_tree_masks(batch.window_masks or [None] * batch.num_seqs, q.device)
+    max_context = batch.block_tables.shape[1] * batch.block_size  # an upper bound of every kv_len
+    segments = ta.choose_num_segments(q.shape[0], batch.num_seqs, k_cache.shape[-2], max_context)
+    # the kernel indexes its metadata densely: a lone token's doubled batch (ForwardBatch.doubled,
+    # on CPU) holds broadcast views of one row
+    return tree, segments, (batch.query_start_loc.contiguous(), batch.kv_lens.contiguous(),
+                            batch.block_tables.contiguous())
 
 
 def set_attention_backend(model: nn.Module, name: str = "auto", device: torch.device | str | None = None,

@@ -1,7 +1,8 @@
 """Input lines of a batch job: one JSON object per line, validated into engine requests or errors.
 
 A line is ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` plus optional
-sampling fields. Types are strict (``"max_tokens": "8"`` is an error, not silently 8) and unknown
+sampling fields, ``response_format`` and (messages lines) ``tools`` / ``tool_choice`` /
+``parallel_tool_calls`` as HTTP chat takes them. Types are strict (``"max_tokens": "8"`` is an error, not silently 8) and unknown
 fields are errors, so a typo never runs with a default; then the line goes through the one request
 mapping (``cluster.request``: exactly one of prompt and messages, value ranges).
 A bad line becomes an error result naming the field and value, and the job goes on.
@@ -24,6 +25,7 @@ from actors.sampling_params import SamplingParams
 from cluster.prompt_file import json_lines
 from cluster.request import RequestError, engine_request, is_chat
 from deployments.openai_api import ChatMessage, ResponseFormat
+from deployments.openai_tools import Tool, ToolChoice, ToolUse
 
 
 class BatchLine(BaseModel):
@@ -47,6 +49,9 @@ class BatchLine(BaseModel):
     ignore_eos: StrictBool | None = None
     prediction: StrictStr | None = None  # text the answer is expected to repeat: lookup drafts from it
     response_format: ResponseFormat | None = None  # structured output, as HTTP's (json_schema, ...)
+    tools: list[Tool] | None = None  # tool calling, as HTTP chat's (messages lines only)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -72,6 +77,7 @@ class BatchRequest:
     id: str | int
     prompt: str | list[dict]
     params: SamplingParams
+    tool_names: frozenset[str] = frozenset()  # the tools whose calls the answer is parsed for
 
     @property
     def field(self) -> str:
@@ -138,14 +144,21 @@ class LineReader:
             return LineError(n, id_, str(RequestError.from_validation(e)))
         try:
             for i, m in enumerate(line.messages or ()):
-                m.check_supported(i)  # e.g. tool_calls: refused, not silently dropped
+                m.check_supported(i)  # e.g. audio: refused, not silently dropped
+            tools = ToolUse(tools=line.tools or [], choice=line.tool_choice,
+                            parallel=line.parallel_tool_calls is not False).checked()
             fields = dict(line)
-            if line.response_format is not None:
-                fields["structured"] = line.response_format.structured()
+            if line.messages is not None:
+                fields["messages"] = tools.conversation(line.messages)
+            elif tools.tools:
+                raise RequestError("tools: a prompt line cannot call tools; give messages", "tools")
+            fmt = line.response_format
+            fields["structured"] = tools.constrained(None if fmt is None else fmt.structured(),
+                                                     None if fmt is None else fmt.type)
             req = engine_request(fields, self.default_max_tokens)
         except RequestError as e:
             return LineError(n, line.id, str(e))
-        return BatchRequest(n, line.id, req.prompt, req.params)
+        return BatchRequest(n, line.id, req.prompt, req.params, frozenset(tools.names))
 
 
 def _short(obj, limit: int = 60) -> str:

@@ -1,7 +1,8 @@
 """Result lines of a batch job: written in input order and durably, read back to resume.
 
 One result line per input line: ``{"id", "line", "text", "finish_reason", "usage", "speculation"}``
-or ``{"id", "line", "error"}``. Results finish in any order (requests run concurrently) but a result
+(an answer made of calls of the line's tools also ``tool_calls``, finish_reason ``tool_calls``) or
+``{"id", "line", "error"}``. Results finish in any order (requests run concurrently) but a result
 is written only once every earlier line's result is written, and each write is flushed and
 fsync'd: a killed job loses at most the results after its first unfinished line, and the file is
 always a prefix of the input's results that a rerun can extend.
@@ -17,13 +18,18 @@ from pathlib import Path
 from cluster.outputs import RequestOutput
 from deployments.batch_input import BatchRequest, resume_key
 from deployments.openai_responses import finish_reason_of, speculation_of, usage_of
+from deployments.openai_tools import parse_tool_calls
 
 
 def result_record(req: BatchRequest, out: RequestOutput) -> dict:
     if out.finish_reason == "error":
         return {"id": req.id, "line": req.line, "error": f"generation failed: {out.error}"}
-    return {"id": req.id, "line": req.line, "text": out.text, "finish_reason": finish_reason_of(out),
-            "usage": usage_of(out), "speculation": speculation_of(out)}
+    record = {"id": req.id, "line": req.line, "text": out.text, "finish_reason": finish_reason_of(out),
+              "usage": usage_of(out), "speculation": speculation_of(out)}
+    calls = parse_tool_calls(out.text, req.tool_names) if req.tool_names and out.finish_reason == "stop" else None
+    if calls:  # as HTTP chat answers them: the calls and finish_reason tool_calls (the text stays)
+        record.update(finish_reason="tool_calls", tool_calls=calls)
+    return record
 
 
 def error_record(req: BatchRequest, err: Exception) -> dict:

@@ -183,13 +183,8 @@ class SamplingRequest(BaseModel):
                           prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text(),
                           structured=None if self.response_format is None else self.response_format.structured())
             base = sampling_params(fields, default_max_tokens=max_model_len)
-        tools = self.tool_use()
-        calls = tools.constraint()
-        if calls is not None:
-            if base.structured is not None:
-                raise APIError(400, f"response_format={self.response_format.type!r} and tool_choice="
-                                    f"{tools.mode!r} both constrain the answer; send one", param="response_format")
-            base = base.model_copy(update={"structured": calls})
+            fmt = None if self.response_format is None else self.response_format.type
+            base = base.model_copy(update={"structured": self.tool_use().constrained(base.structured, fmt)})
         if self.seed is None:
             return prompts, [base] * self.n
         return prompts, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]
@@ -347,9 +342,7 @@ class ChatCompletionRequest(SamplingRequest, _ChatPolicy):
     def prompt_fields(self) -> list[dict]:
         for i, m in enumerate(self.messages):
             m.check_supported(i)
-        texts = chat_messages(self.messages)  # role and content text (parts joined)
-        return [{"messages": self.tool_use().messages([{**t, "tool_calls": m.tool_calls}
-                                                       for t, m in zip(texts, self.messages)])}]
+        return [{"messages": self.tool_use().conversation(self.messages)}]
 
     def tool_use(self) -> ToolUse:
         if self._tool_use is None:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.structured_output import JSON_OPTIONS, StructuredOutput
-from cluster.request import RequestError
+from cluster.request import RequestError, chat_messages
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
@@ -120,6 +120,25 @@ class ToolUse(BaseModel):
                 f"json: " + " | ".join(f"%json {a}" for a in alternatives) + "\n"
                 f"OPEN: {json.dumps(OPEN)}\nCLOSE: {json.dumps(CLOSE)}\nNL: \"\\n\"\n")
         return StructuredOutput(kind="grammar", value=lark)
+
+    def constrained(self, structured: StructuredOutput | None, fmt: str | None) -> StructuredOutput | None:
+        """The answer's constraint: the calls' grammar where tool_choice asks for calls, else
+        ``structured`` (the request's response_format, of type ``fmt``); RequestError naming
+        response_format when both would constrain it."""
+        calls = self.constraint()
+        if calls is None:
+            return structured
+        if structured is not None:
+            raise RequestError(f"response_format={fmt!r} and tool_choice={self.mode!r} both constrain the answer; "
+                               "send one", "response_format")
+        return calls
+
+    def conversation(self, messages: list) -> list[dict]:
+        """Chat messages (mappings or models with role, content and tool_calls) as the template
+        renders them: ``messages`` applied to their role/content text and earlier calls."""
+        texts = chat_messages(messages)
+        calls = [m.get("tool_calls") if isinstance(m, dict) else getattr(m, "tool_calls", None) for m in messages]
+        return self.messages([{**t, "tool_calls": c} for t, c in zip(texts, calls)])
 
     def system_text(self) -> str:
         """What the model is told about the tools and the call format."""

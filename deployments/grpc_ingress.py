@@ -18,11 +18,12 @@ import grpc
 from pydantic import ValidationError
 
 from cluster.outputs import RequestOutput
-from cluster.request import RequestError, chat_messages
+from cluster.request import RequestError
 from deployments.http_guard import bearer_matches
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, checked_logprobs_k
 from deployments.openai_logprobs import LogprobFormatter
 from deployments.openai_responses import finish_reason_of, prediction_counts, total_speculation, total_usage
+from deployments.openai_tools import CallStream, parse_tool_calls
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:
@@ -74,15 +75,49 @@ def to_openai_request(msg: pb.GenerateRequest, stream: bool) -> tuple[Completion
         fields["prediction"] = {"type": "content", "content": msg.prediction}
     if msg.HasField("response_format"):
         fields["response_format"] = _json_field(msg.response_format, "response_format")
+    fields.update(_tool_fields(msg))
     if stream:
         fields.update(stream=True, stream_options={"include_usage": True})
     try:
         if msg.messages:
-            return ChatCompletionRequest(messages=chat_messages(list(msg.messages)), **fields), True
+            return ChatCompletionRequest(messages=[_message(m, i) for i, m in enumerate(msg.messages)], **fields), True
         return CompletionRequest(prompt=msg.prompt, **fields), False
     except ValidationError as e:
         err = RequestError.from_validation(e)
         raise APIError(400, str(err), param=err.field) from None
+
+
+def _tool_fields(msg: pb.GenerateRequest) -> dict:
+    """tools / tool_choice / parallel_tool_calls as HTTP chat's fields (400 naming the field when
+    given without messages or not JSON)."""
+    fields = {}
+    if msg.HasField("tools"):
+        fields["tools"] = _json_field(msg.tools, "tools")
+    if msg.HasField("tool_choice"):
+        mode = msg.tool_choice.strip()
+        fields["tool_choice"] = mode if mode in ("none", "auto", "required") else _json_field(mode, "tool_choice")
+    if msg.HasField("parallel_tool_calls"):
+        fields["parallel_tool_calls"] = msg.parallel_tool_calls
+    if fields and not msg.messages:
+        name = next(iter(fields))
+        raise APIError(400, f"{name}: tool calling needs messages (a chat request), not prompt", param=name)
+    return fields
+
+
+def _message(m: pb.ChatMessage, index: int) -> dict:
+    """One proto chat message as HTTP's: its calls parsed (an assistant's empty content then absent)."""
+    out = {"role": m.role, "content": m.content}
+    if m.HasField("tool_calls"):
+        out["tool_calls"] = _json_field(m.tool_calls, f"messages[{index}].tool_calls")
+        out["content"] = m.content or None
+    if m.HasField("tool_call_id"):
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _calls(calls: list[dict] | None) -> list[pb.ToolCall]:
+    return [pb.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+            for c in calls or ()]
 
 
 def _json_field(text: str, name: str):
@@ -105,32 +140,42 @@ def _speculation(outs: list[RequestOutput]) -> pb.Speculation:
 
 
 def to_response(rid: str, model: str, outs: list[RequestOutput], logprobs: list | None = None,
-                fmt: LogprobFormatter | None = None) -> pb.GenerateResponse:
+                fmt: LogprobFormatter | None = None, tools: frozenset[str] = frozenset()) -> pb.GenerateResponse:
     """The proto response from the final output of the request's (one) choice; ``logprobs``: its
-    tokens' ``TokenLogprob``s when the request asked (``fmt`` names their tokens)."""
+    tokens' ``TokenLogprob``s when the request asked (``fmt`` names their tokens); ``tools``: the
+    functions whose calls the answer is parsed for."""
     out = outs[0]
-    return pb.GenerateResponse(id=rid, model=model, text=out.text, token_ids=list(out.token_ids),
-                               finish_reason=finish_reason_of(out) or "", usage=_usage(outs),
-                               speculation=_speculation(outs), logprobs=fmt.by_id(logprobs) if logprobs else [])
+    calls = parse_tool_calls(out.text, tools) if tools and out.finish_reason == "stop" else None
+    return pb.GenerateResponse(id=rid, model=model, text="" if calls else out.text, token_ids=list(out.token_ids),
+                               finish_reason="tool_calls" if calls else finish_reason_of(out) or "",
+                               usage=_usage(outs), speculation=_speculation(outs),
+                               logprobs=fmt.by_id(logprobs) if logprobs else [], tool_calls=_calls(calls))
 
 
-async def to_chunks(gen: Generation, model: str,
-                    fmt: LogprobFormatter | None = None) -> AsyncIterator[pb.GenerateChunk]:
+async def to_chunks(gen: Generation, model: str, fmt: LogprobFormatter | None = None,
+                    tools: frozenset[str] = frozenset()) -> AsyncIterator[pb.GenerateChunk]:
     """Proto chunks from the engine's outputs as they arrive: one per output with new text or token
     ids (and their logprobs when the request asked; ``fmt`` names their tokens); the one with the
     finish reason is held back and also carries usage and speculation, so the last chunk has all
-    three. A failed engine ends the stream with APIError (500, or 503 when the engine loop stopped)."""
+    three. With ``tools`` text that may still become calls is held (CallStream) and an answer of
+    calls ends with them. A failed engine ends the stream with APIError (500, or 503 when the
+    engine loop stopped)."""
     finals, held = list(gen.choices.firsts), None
+    calling = CallStream(tools) if tools else None
     try:
         async with contextlib.aclosing(gen.choices.merged()) as merged:
             async for i, out in merged:
                 finals[i] = out
                 if out.finish_reason == "error":
                     raise APIError(500, f"generation failed: {out.error}")
-                chunk = pb.GenerateChunk(id=gen.rid, model=model, delta_text=out.delta_text or "",
+                text, calls = out.delta_text or "", None
+                if calling is not None:
+                    text, calls = calling.step(text, out.finished, out.finish_reason)
+                chunk = pb.GenerateChunk(id=gen.rid, model=model, delta_text=text,
                                          delta_token_ids=out.delta_token_ids or [],
-                                         delta_logprobs=fmt.by_id(out.delta_logprobs) if out.delta_logprobs else [])
-                reason = finish_reason_of(out)
+                                         delta_logprobs=fmt.by_id(out.delta_logprobs) if out.delta_logprobs else [],
+                                         tool_calls=_calls(calls))
+                reason = "tool_calls" if calls else finish_reason_of(out)
                 if reason is not None:
                     chunk.finish_reason = reason
                     held = chunk
@@ -152,24 +197,26 @@ class GrpcGenerationMixin:
     async def Generate(self, request: pb.GenerateRequest,
                        grpc_context: RayServegRPCContext | None = None) -> pb.GenerateResponse:
         with _grpc_status(grpc_context):
-            gen = await self._start(request, grpc_context, stream=False)
+            gen, tools = await self._start(request, grpc_context, stream=False)
             outs, logprobs = await gen.finish()
-            return to_response(gen.rid, self.server.model_name, outs, logprobs[0], self.server.logprobs)
+            return to_response(gen.rid, self.server.model_name, outs, logprobs[0], self.server.logprobs, tools)
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              grpc_context: RayServegRPCContext | None = None) -> AsyncIterator[pb.GenerateChunk]:
         with _grpc_status(grpc_context):
-            gen = await self._start(request, grpc_context, stream=True)
+            gen, tools = await self._start(request, grpc_context, stream=True)
             # aclosing: a client that goes away aborts the engine request (frees its KV) at once
             async with contextlib.aclosing(gen):
-                async for chunk in to_chunks(gen, self.server.model_name, self.server.logprobs):
+                async for chunk in to_chunks(gen, self.server.model_name, self.server.logprobs, tools):
                     yield chunk
 
     async def _start(self, request: pb.GenerateRequest, grpc_context: RayServegRPCContext | None,
-                     stream: bool) -> Generation:
+                     stream: bool) -> tuple[Generation, frozenset[str]]:
+        """The started generation and the tools whose calls its answer is parsed for."""
         self._check_grpc_auth(grpc_context)
         req, chat = to_openai_request(request, stream=stream)
-        return await self.server.start(req, chat)
+        gen = await self.server.start(req, chat)
+        return gen, frozenset(req.tool_use().names)
 
     def _check_grpc_auth(self, grpc_context: RayServegRPCContext | None) -> None:
         """With an API key configured, the ``authorization: Bearer <key>`` metadata must match it."""

@@ -109,6 +109,25 @@ def test_speculation_off_per_request(stub):
 
 @pytest.mark.ray
 @pytest.mark.model
+def test_tool_calls_unary_and_streamed(stub):
+    """tool_choice required over gRPC: the answer is calls of the given tool, whose arguments match its
+    parameters, unary and streamed (the calls whole in the last chunk, their text not streamed)."""
+    import json
+
+    from tests.test_grpc_mapping import WEATHER
+
+    request = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="Weather in Paris?")], tools=WEATHER,
+                                 tool_choice="required", parallel_tool_calls=False, max_tokens=40)
+    r = stub.Generate(request, metadata=META, timeout=120)
+    assert (r.finish_reason, r.text, len(r.tool_calls)) == ("tool_calls", "", 1), r
+    assert r.tool_calls[0].name == "get_weather" and isinstance(json.loads(r.tool_calls[0].arguments)["city"], str)
+    chunks = list(stub.GenerateStream(request, metadata=META, timeout=120))
+    assert "".join(c.delta_text for c in chunks) == "" and chunks[-1].finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in chunks[-1].tool_calls] == [(c.name, c.arguments) for c in r.tool_calls]
+
+
+@pytest.mark.ray
+@pytest.mark.model
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_logprobs_unary_and_streamed(stub, reference, kind):
     """Greedy with speculation on: each token's logprob is its position's most likely one (as plain

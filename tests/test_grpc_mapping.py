@@ -237,3 +237,72 @@ def test_response_format_maps_for_both_kinds_and_bad_json_is_a_400_naming_it():
         with pytest.raises(APIError, match=says) as e:
             to_openai_request(chat_request(response_format=bad), stream=False)[0].to_engine(64)
         assert e.value.status == 400 and e.value.param == "response_format"
+
+
+WEATHER = json.dumps([{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                          "required": ["city"]}}}])
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def test_tools_map_to_http_chat_and_bad_ones_are_400s_naming_the_field():
+    from deployments.grpc_ingress import to_openai_request
+    from deployments.openai_api import APIError
+
+    req, chat = to_openai_request(chat_request(tools=WEATHER, tool_choice="required", parallel_tool_calls=False),
+                                  stream=False)
+    params = req.to_engine(64)[1][0]
+    assert chat and req.tool_use().names == {"get_weather"} and params.structured.kind == "grammar"
+    named = '{"type": "function", "function": {"name": "get_weather"}}'
+    assert to_openai_request(chat_request(tools=WEATHER, tool_choice=named), stream=False)[0].tool_use().mode == "named"
+    history = pb.GenerateRequest(tools=WEATHER, messages=[
+        pb.ChatMessage(role="user", content="Weather in Paris?"),
+        pb.ChatMessage(role="assistant", tool_calls=json.dumps([{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}])),
+        pb.ChatMessage(role="tool", content="18 C", tool_call_id="call_1")])
+    prompt = to_openai_request(history, stream=False)[0].prompt_fields()[0]["messages"]
+    assert any(CALL in m["content"] for m in prompt) and prompt[0]["role"] == "system"
+    for request, param, says in (
+            (pb.GenerateRequest(prompt="hi", tools=WEATHER), "tools", "needs messages"),
+            (chat_request(tools="[{"), "tools", "not valid JSON"),
+            (chat_request(tools=WEATHER, tool_choice="{name"), "tool_choice", "not valid JSON"),
+            (chat_request(tools=WEATHER, tool_choice='{"type": "function", "function": {"name": "x"}}'),
+             "tool_choice", "'x'"),
+            (pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", tool_calls="nope")]),
+             "messages[0].tool_calls", "not valid JSON")):
+        with pytest.raises(APIError, match=says) as e:
+            to_openai_request(request, stream=False)[0].to_engine(64)
+        assert (e.value.status, e.value.param) == (400, param)
+
+
+def test_an_answer_of_calls_becomes_proto_tool_calls():
+    from deployments.grpc_ingress import to_response
+
+    tools = frozenset({"get_weather"})
+    r = to_response("cmpl-7", "m", [_out(CALL, [1, 2], True, "stop")], tools=tools)
+    assert (r.text, r.finish_reason) == ("", "tool_calls")
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert r.tool_calls[0].id.startswith("call_")
+    for text, reason, names in (("Sunny.", "stop", tools), (CALL, "length", tools), (CALL, "stop", frozenset())):
+        r = to_response("cmpl-8", "m", [_out(text, [1], True, reason)], tools=names)
+        assert (r.text, r.finish_reason, len(r.tool_calls)) == (text, reason, 0)
+
+
+def test_streamed_calls_are_held_then_come_whole_in_the_last_chunk():
+    import asyncio
+
+    from deployments.grpc_ingress import to_chunks
+    from deployments.openai_server import Generation
+
+    def chunks(outs):
+        async def main():
+            gen = Generation("cmpl-9", _FakeChoices(outs), None)
+            return [c async for c in to_chunks(gen, "m", None, frozenset({"get_weather"}))]
+        return asyncio.run(main())
+
+    calls = chunks([_out(CALL[:12], [1]), _out(CALL[12:], [2], True, "stop")])
+    assert [c.delta_text for c in calls] == ["", ""] and [list(c.delta_token_ids) for c in calls] == [[1], [2]]
+    assert calls[-1].finish_reason == "tool_calls" and [c.name for c in calls[-1].tool_calls] == ["get_weather"]
+    text = chunks([_out("<to", [1]), _out("ast> Sunny", [2]), _out(".", [3], True, "stop")])
+    assert "".join(c.delta_text for c in text) == "<toast> Sunny." and text[0].delta_text == ""
+    assert text[-1].finish_reason == "stop" and not text[-1].tool_calls

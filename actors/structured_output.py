@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-Kind = Literal["json_object", "json_schema", "regex", "grammar", "choice"]
+Kind = Literal["json_object", "json_schema", "regex", "grammar", "choice", "tool_calls"]
 # JSON as json.dumps writes it: ", " and ": " between items and keys, no other whitespace (flexible
 # whitespace lets a small model pad an answer with newlines until max_tokens)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -42,7 +42,8 @@ class StructuredOutput(BaseModel):
     """What the answer must match. ``kind``: ``json_object`` (any JSON object; ``value`` unused),
     ``json_schema`` (``value``: the schema, an object, kept as compact JSON text in its key order), ``regex``
     (Rust regex syntax), ``grammar`` (Lark syntax, llguidance's dialect), ``choice`` (``value``: the
-    allowed strings)."""
+    allowed strings), ``tool_calls`` (a Lark grammar of calls of a request's tools: a grammar,
+    counted apart in the metrics)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -68,7 +69,7 @@ class StructuredOutput(BaseModel):
             if not all(isinstance(c, str) and c for c in v):
                 raise ValueError(f"choice: every choice must be a non-empty string, got {list(v)!r}")
             return tuple(v)
-        if kind in ("regex", "grammar") and (not isinstance(v, str) or not v):
+        if kind in ("regex", "grammar", "tool_calls") and (not isinstance(v, str) or not v):
             raise ValueError(f"{kind} needs a non-empty string")
         return v
 

@@ -42,7 +42,8 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
 - ``prediction_tokens{outcome}``: the tokens of finished requests' predictions (OpenAI's predicted
   outputs) that their answers repeated (``accepted``) or not (``rejected``), as their usage reports;
 - ``structured_output_requests{kind}``: finished requests held to a grammar (``response_format``:
-  json_object, json_schema, regex, grammar, choice), and ``grammar_forced_tokens``: the tokens their
+  json_object, json_schema, regex, grammar, choice; tool calls a request's tool_choice requires:
+  tool_calls), and ``grammar_forced_tokens``: the tokens their
   grammars forced, drafted without a proposer and accepted (actors/structured_output.py);
 - HTTP answers by route and status (filled by the ingress middleware);
 - ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process

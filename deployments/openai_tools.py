@@ -119,7 +119,7 @@ class ToolUse(BaseModel):
         lark = (f"start: {calls}\ncall: OPEN NL json NL CLOSE\n"
                 f"json: " + " | ".join(f"%json {a}" for a in alternatives) + "\n"
                 f"OPEN: {json.dumps(OPEN)}\nCLOSE: {json.dumps(CLOSE)}\nNL: \"\\n\"\n")
-        return StructuredOutput(kind="grammar", value=lark)
+        return StructuredOutput(kind="tool_calls", value=lark)
 
     def constrained(self, structured: StructuredOutput | None, fmt: str | None) -> StructuredOutput | None:
         """The answer's constraint: the calls' grammar where tool_choice asks for calls, else

@@ -387,7 +387,7 @@ def test_a_chat_line_may_call_tools(tmp_path):
     ])
     a, b, *bad = list(LineReader(path, Counter(), default_max_tokens=MAX_TOKENS))
     assert a.tool_names == b.tool_names == frozenset({"get_weather"})
-    assert a.params.structured.kind == "grammar" and "get_weather" in a.params.structured.value
+    assert a.params.structured.kind == "tool_calls" and "get_weather" in a.params.structured.value
     assert "call (NL call)*" not in a.params.structured.value  # parallel_tool_calls false: exactly one call
     assert b.params.structured is None  # auto: free text, parsed afterwards
     assert a.prompt[0]["role"] == "system" and "get_weather" in a.prompt[0]["content"]

@@ -252,7 +252,7 @@ def test_tools_map_to_http_chat_and_bad_ones_are_400s_naming_the_field():
     req, chat = to_openai_request(chat_request(tools=WEATHER, tool_choice="required", parallel_tool_calls=False),
                                   stream=False)
     params = req.to_engine(64)[1][0]
-    assert chat and req.tool_use().names == {"get_weather"} and params.structured.kind == "grammar"
+    assert chat and req.tool_use().names == {"get_weather"} and params.structured.kind == "tool_calls"
     named = '{"type": "function", "function": {"name": "get_weather"}}'
     assert to_openai_request(chat_request(tools=WEATHER, tool_choice=named), stream=False)[0].tool_use().mode == "named"
     history = pb.GenerateRequest(tools=WEATHER, messages=[

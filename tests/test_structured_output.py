@@ -307,12 +307,16 @@ def test_forced_tokens_are_drafted_even_without_a_proposer(engines, default_mode
 
 @pytest.mark.model
 def test_the_metrics_count_structured_requests_and_forced_tokens(engines):
+    from deployments.openai_tools import ToolUse
     from tests.test_metrics import sample_value
 
     engine = engines["plain"]
     before = engine.metrics.snapshot()
     out = _answers(engine, [ASK_PERSON], StructuredOutput(kind="json_schema", value=PERSON))[0]
     choice = _answers(engine, [ASK_POEM], StructuredOutput(kind="choice", value=["a", "b"]))[0]
+    calls = ToolUse.model_validate({"tools": [{"type": "function", "function": {"name": "f"}}],
+                                    "choice": "required"}).constraint()
+    called = _answers(engine, [ASK_POEM], calls)[0]
     after = engine.metrics.snapshot()
 
     def delta(name, **labels):
@@ -320,6 +324,9 @@ def test_the_metrics_count_structured_requests_and_forced_tokens(engines):
     assert delta("specray:structured_output_requests_total", kind="json_schema") == 1
     assert delta("specray:structured_output_requests_total", kind="choice") == 1
     assert delta("specray:structured_output_requests_total", kind="regex") == 0
+    assert delta("specray:structured_output_requests_total", kind="tool_calls") == 1  # not counted as grammar
+    assert delta("specray:structured_output_requests_total", kind="grammar") == 0
     assert out.structured == "json_schema" and out.num_forced_tokens >= 6
-    assert delta("specray:grammar_forced_tokens_total") == out.num_forced_tokens + choice.num_forced_tokens
+    assert delta("specray:grammar_forced_tokens_total") == (out.num_forced_tokens + choice.num_forced_tokens
+                                                         + called.num_forced_tokens)
     assert out.num_forced_tokens <= out.num_accepted_tokens

@@ -59,6 +59,30 @@ def test_padded_head_steps_draft_what_the_eager_head_drafts(width, triton_verifi
         assert not flat[~used].any(), "a padded row wrote to the head's KV pool"
 
 
+@pytest.mark.parametrize("kind", ["seeded", "unseeded"])
+def test_padded_steps_score_in_the_graph_what_the_eager_head_scores(kind, triton_verifier, tmp_path):
+    """Sampled requests read the head's logits too (q): the scores the padded step computes inside
+    its graph (and those of the eager fallback when a step wants more candidates than the graph
+    keeps) give the drafts of the unpadded head."""
+    from actors.sampling_params import SamplingParams
+
+    path = random_eagle_head(triton_verifier.model, 64, tmp_path / "head.safetensors", seed=5)
+    cfg = triton_verifier.model.config
+    width = 2 if kind == "seeded" else 1  # seeded: a dynamic tree from the race; unseeded: a chain of draws
+    made = [build_eagle_proposer(str(path), "tiny", triton_verifier, width) for _ in range(3)]
+    for p in made[1:]:
+        p.use_graphs(max_num_seqs=4, max_model_len=48, capture=False)
+    made[2].graphs.top_k = 0  # every step wants more than the graph keeps: scored eagerly from its f̂
+    loops = [DraftLoop(p, 3, 9, cfg.hidden_size, cfg.vocab_size, DEVICE, width) for p in made]
+    for loop in loops:
+        for r in loop.reqs:
+            r.params = SamplingParams(temperature=1.0, seed=11 + r.seq_id if kind == "seeded" else None)
+            r.generator = None if kind == "seeded" else torch.Generator().manual_seed(r.seq_id)
+    want, in_graph, fallback = (_trees(loop, 4) for loop in loops)
+    assert in_graph == want and fallback == want
+    assert any(len(tokens) > 1 for step in want for tokens, _ in step), "nothing was drafted"
+
+
 def test_head_graphs_need_a_fixed_pool_and_the_fused_write(triton_verifier, tmp_path):
     path = random_eagle_head(triton_verifier.model, 64, tmp_path / "head.safetensors")
     p = build_eagle_proposer(str(path), "tiny", triton_verifier, 1)

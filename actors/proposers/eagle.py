@@ -92,7 +92,8 @@ class EagleProposer(Proposer):
         c, bs = self.head.cfg, self.kv.block_size
         self.kv = HeadKVPool(c.num_kv_heads, c.head_dim, self.dtype, self.device, bs,
                              num_blocks=max_num_seqs * -(-entries // bs), growable=False)
-        self.graphs = HeadGraphRunner(self.head, self.kv, self.attend, max_num_seqs, entries, capture)
+        self.graphs = HeadGraphRunner(self.head, self.kv, self.attend, max_num_seqs, entries, capture,
+                                      top_k=self.tree_width)
 
     # ---- features from the engine --------------------------------------------------------------
     def observe(self, seq_id: int, start: int, features: torch.Tensor) -> None:
@@ -190,8 +191,10 @@ class EagleProposer(Proposer):
                 st.fed_pending()
         score = list(range(o)) if score is None else score
         out = None if self.graphs is None else self.graphs.run(chunks, feats)
+        if out is not None and self.top_k <= self.graphs.top_k:  # scored in the graph too
+            return self.graphs.scored(out, o, score, self.top_k)
         if out is not None:  # the graph's static output: this step's rows, kept past the next replay
-            return scored_rows(self.head, out[:o].clone(), score, self.top_k)
+            return scored_rows(self.head, out[0][:o].clone(), score, self.top_k)
         batch = build_forward_batch(chunks, self.kv.block_size, self.device)
         return head_step(self.head, batch, feats, self.kv, self.attend, score, self.top_k)
 

@@ -150,19 +150,42 @@ def native_head_step(head, batch: ForwardBatch, feats: torch.Tensor, pool: HeadK
 
 
 class HeadGraphRunner(GraphRunner):
-    """The head's step as CUDA graphs: ``run(chunks, feats)`` -> f̂ [N_pad, H] (static), or None."""
+    """The head's step and its scores as CUDA graphs: ``run(chunks, feats)`` -> the static (f̂
+    [N_pad, H], logits [N_pad, Vd], packed top-``top_k`` [N_pad, 2 top_k]: ids then log-probs), or
+    None; ``scored`` reads the rows a step drafts from. Scoring inside the graph saves about eight
+    launches and host ops per head step outside it (the LM rows, log-softmax, top-k, the vocabulary
+    map, the packing: the GPU run of 2026-11-30 counted 13 launch calls per step)."""
 
     def __init__(self, head, pool: HeadKVPool, attend, max_num_seqs: int, max_entries: int,
-                 capture: bool = True):
-        """max_entries: the most cache indices a sequence uses (its context plus the draft's nodes)."""
+                 capture: bool = True, top_k: int = 1):
+        """max_entries: the most cache indices a sequence uses (its context plus the draft's nodes);
+        top_k: the candidates per row the graphs keep (a step that wants more scores eagerly)."""
         if pool.growable:
             raise ValueError("HeadGraphRunner needs a fixed HeadKVPool (growable=False): graphs hold its tensors")
         c = head.cfg
+        self.head, self.top_k = head, top_k
         self.feats = torch.zeros(MAX_GRAPH_TOKENS, c.hidden_size, dtype=pool.dtype, device=pool.device)  # [T, H]
         self._feats_in: torch.Tensor | None = None
-        super().__init__(lambda batch: head_forward(head, batch, self.feats[: batch.num_tokens], pool, attend),
-                         pool.device, c.num_kv_heads, pool.block_size, max_num_seqs, max_entries,
+
+        def step(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            out = head_forward(head, batch, self.feats[: batch.num_tokens], pool, attend)  # [N, H]
+            logits = head.logits(out).float()  # [N, Vd]
+            top = torch.log_softmax(logits, -1).topk(top_k)
+            return out, logits, torch.cat((head.draft_vocab[top.indices].to(top.values.dtype), top.values), 1)
+
+        super().__init__(step, pool.device, c.num_kv_heads, pool.block_size, max_num_seqs, max_entries,
                          capture=capture)
+
+    def scored(self, out: tuple, n: int, score: list[int], k: int) -> tuple[torch.Tensor, HeadScores]:
+        """``run``'s static output for a step of ``n`` tokens -> (f̂ of the rows ``score`` [R, H], their
+        HeadScores with ``k`` <= top_k candidates): copies (the next replay overwrites the static
+        buffers) and one read-back of the packed top-k."""
+        feats, logits, packed = out
+        picked, logits = rows_of(feats[:n], score).clone(), rows_of(logits[:n], score).clone()
+        rows = packed[:n].tolist()  # [[ids..., log-probs...]]: the step's one sync
+        kk = self.top_k
+        return picked, HeadScores(logits, [[int(t) for t in rows[i][:k]] for i in score],
+                                  [rows[i][kk: kk + k] for i in score])
 
     def run(self, chunks, feats: torch.Tensor) -> torch.Tensor | None:  # feats [N, H]
         self._feats_in = feats

@@ -2,9 +2,9 @@
 
 A line is ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` plus optional
 sampling fields, ``response_format`` and (messages lines) ``tools`` / ``tool_choice`` /
-``parallel_tool_calls`` as HTTP chat takes them. Types are strict (``"max_tokens": "8"`` is an error, not silently 8) and unknown
-fields are errors, so a typo never runs with a default; then the line goes through the one request
-mapping (``cluster.request``: exactly one of prompt and messages, value ranges).
+``parallel_tool_calls`` as HTTP chat takes them. Types are strict (``"max_tokens": "8"`` is an
+error, not silently 8) and unknown fields are errors, so a typo never runs with a default; then the
+line goes through the one request mapping (``cluster.request``: exactly one of prompt and messages, value ranges).
 A bad line becomes an error result naming the field and value, and the job goes on.
 
 Each line has a resume key: its id, or its line number when it has no valid id (so an error line

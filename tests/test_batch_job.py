@@ -373,10 +373,11 @@ def test_a_chat_line_may_call_tools(tmp_path):
     described in a system message, earlier calls rendered, required / named answers held to the calls'
     grammar; refused naming the field on a prompt line, an unknown function, or with response_format."""
     user = {"role": "user", "content": "Weather in Paris?"}
+    paris = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     path = _write_jsonl(tmp_path / "in.jsonl", [
         {"id": "a", "messages": [user], "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False},
         {"id": "b", "messages": [user, {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "call_1", "type": "function", "function": paris}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}], "tools": [WEATHER]},
         {"id": "c", "prompt": "Weather in Paris?", "tools": [WEATHER]},
         {"id": "d", "messages": [user], "tools": [WEATHER],
@@ -391,7 +392,8 @@ def test_a_chat_line_may_call_tools(tmp_path):
     assert "call (NL call)*" not in a.params.structured.value  # parallel_tool_calls false: exactly one call
     assert b.params.structured is None  # auto: free text, parsed afterwards
     assert a.prompt[0]["role"] == "system" and "get_weather" in a.prompt[0]["content"]
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in b.prompt[2]["content"]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert call in b.prompt[2]["content"]
     assert [(e.id, type(e)) for e in bad] == [(x, LineError) for x in "cdef"]
     for e, words in zip(bad, ("tools: a prompt line cannot call tools", "tool_choice names function 'get_time'",
                               "response_format='json_object' and tool_choice='required'",

@@ -18,7 +18,7 @@ from pathlib import Path
 from cluster.outputs import RequestOutput
 from deployments.batch_input import BatchRequest, resume_key
 from deployments.openai_responses import finish_reason_of, speculation_of, usage_of
-from deployments.openai_tools import parse_tool_calls
+from deployments.openai_tools import answer_calls, calls_finish_reason
 
 
 def result_record(req: BatchRequest, out: RequestOutput) -> dict:
@@ -26,9 +26,9 @@ def result_record(req: BatchRequest, out: RequestOutput) -> dict:
         return {"id": req.id, "line": req.line, "error": f"generation failed: {out.error}"}
     record = {"id": req.id, "line": req.line, "text": out.text, "finish_reason": finish_reason_of(out),
               "usage": usage_of(out), "speculation": speculation_of(out)}
-    calls = parse_tool_calls(out.text, req.tool_names) if req.tool_names and out.finish_reason == "stop" else None
-    if calls:  # as HTTP chat answers them: the calls and finish_reason tool_calls (the text stays)
-        record.update(finish_reason="tool_calls", tool_calls=calls)
+    calls = answer_calls(out.text, req.tool_names, out.finish_reason)
+    if calls:  # as HTTP chat answers them: the calls, finish_reason tool_calls unless cut (the text stays)
+        record.update(finish_reason=calls_finish_reason(calls, record["finish_reason"]), tool_calls=calls)
     return record
 
 

@@ -23,7 +23,7 @@ from deployments.http_guard import bearer_matches
 from deployments.openai_api import APIError, ChatCompletionRequest, CompletionRequest, checked_logprobs_k
 from deployments.openai_logprobs import LogprobFormatter
 from deployments.openai_responses import finish_reason_of, prediction_counts, total_speculation, total_usage
-from deployments.openai_tools import CallStream, parse_tool_calls
+from deployments.openai_tools import CallStream, answer_calls, calls_finish_reason
 from deployments.protos import specray_pb2 as pb
 
 if TYPE_CHECKING:
@@ -145,9 +145,9 @@ def to_response(rid: str, model: str, outs: list[RequestOutput], logprobs: list 
     tokens' ``TokenLogprob``s when the request asked (``fmt`` names their tokens); ``tools``: the
     functions whose calls the answer is parsed for."""
     out = outs[0]
-    calls = parse_tool_calls(out.text, tools) if tools and out.finish_reason == "stop" else None
+    calls = answer_calls(out.text, tools, out.finish_reason)
     return pb.GenerateResponse(id=rid, model=model, text="" if calls else out.text, token_ids=list(out.token_ids),
-                               finish_reason="tool_calls" if calls else finish_reason_of(out) or "",
+                               finish_reason=calls_finish_reason(calls, finish_reason_of(out)) or "",
                                usage=_usage(outs), speculation=_speculation(outs),
                                logprobs=fmt.by_id(logprobs) if logprobs else [], tool_calls=_calls(calls))
 
@@ -175,7 +175,7 @@ async def to_chunks(gen: Generation, model: str, fmt: LogprobFormatter | None = 
                                          delta_token_ids=out.delta_token_ids or [],
                                          delta_logprobs=fmt.by_id(out.delta_logprobs) if out.delta_logprobs else [],
                                          tool_calls=_calls(calls))
-                reason = "tool_calls" if calls else finish_reason_of(out)
+                reason = calls_finish_reason(calls, finish_reason_of(out))
                 if reason is not None:
                     chunk.finish_reason = reason
                     held = chunk

@@ -7,6 +7,7 @@ import time
 import uuid
 
 from cluster.outputs import RequestOutput
+from deployments.openai_tools import calls_finish_reason
 
 
 def new_id(prefix: str) -> str:
@@ -91,7 +92,7 @@ def choice_body(index: int, out: RequestOutput, chat: bool, logprobs: dict | Non
         if tool_calls:
             message.update(content=None, tool_calls=tool_calls)
         choice = {"index": index, "message": message, "logprobs": logprobs,
-                  "finish_reason": "tool_calls" if tool_calls else finish_reason_of(out)}
+                  "finish_reason": calls_finish_reason(tool_calls, finish_reason_of(out))}
     else:
         choice = {"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason_of(out)}
     if token_ids:

@@ -27,7 +27,7 @@ from deployments.openai_logprobs import LogprobFormatter
 from deployments.openai_responses import (choice_body, completion_response, finish_reason_of, model_card,
                                           models_response, new_id, prompt_heads, running_usage, stream_chunk,
                                           usage_chunk)
-from deployments.openai_tools import CallStream, parse_tool_calls
+from deployments.openai_tools import CallStream, answer_calls, calls_finish_reason
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -144,7 +144,7 @@ class OpenAIServer:
         bodies, names = [], req.tool_use().names
         for i, (out, lps) in enumerate(zip(outs, logprobs)):
             if gen.echo is None:
-                calls = parse_tool_calls(out.text, names) if names and out.finish_reason == "stop" else None
+                calls = answer_calls(out.text, names, out.finish_reason)
                 bodies.append(choice_body(i, out, chat, self._logprobs_body(lps, chat), req.return_token_ids, calls))
                 continue
             if chat:  # a continued assistant message: its start before the answer
@@ -211,7 +211,7 @@ class OpenAIServer:
                         lp, offsets[i] = self.logprobs.completion(out.delta_logprobs, offsets[i])
                     if text or out.finished or ids or lp:
                         streamed[i] = out.num_output_tokens
-                        reason = "tool_calls" if calls else finish_reason_of(out)
+                        reason = calls_finish_reason(calls, finish_reason_of(out))
                         yield sse(stream_chunk(index=i, text=text, finish_reason=reason, token_ids=ids, logprobs=lp,
                                                usage=usage(), tool_calls=calls, **chunk))
         except RuntimeError as e:  # the engine loop failed or stopped under this request

@@ -230,6 +230,24 @@ def parse_tool_calls(text: str, names: set[str]) -> list[dict] | None:
     return calls if calls and not rest else None
 
 
+def answer_calls(text: str, names: set[str], reason: str | None) -> list[dict] | None:
+    """The calls an answer of a request with tools (``names``) makes, None when it is text: the whole
+    answer when it ended by itself (``reason`` stop); when max_tokens cut it (length), its complete
+    call blocks before the cut (a small model may repeat calls until the cut: the calls it finished
+    are still calls; the answer's finish_reason stays length)."""
+    if not names or reason not in ("stop", "length"):
+        return None
+    if reason == "length":
+        end = text.rfind(CLOSE)
+        text = text[: end + len(CLOSE)] if end >= 0 else ""
+    return parse_tool_calls(text, names)
+
+
+def calls_finish_reason(calls: list[dict] | None, reason: str | None) -> str | None:
+    """An answer's finish_reason: tool_calls when it ended by itself with calls, else its own."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 def may_become_calls(text: str) -> bool:
     """Whether an answer streamed so far could still turn out to be tool calls: empty, or (after
     leading whitespace) a prefix of ``<tool_call>`` or starting with it. Its text is held back
@@ -252,7 +270,7 @@ class CallStream:
             return delta, None
         if finished:
             self.held = False
-            calls = parse_tool_calls(self.text, self.names) if reason == "stop" else None
+            calls = answer_calls(self.text, self.names, reason)
             return ("" if calls else self.text), calls
         if may_become_calls(self.text):
             return "", None

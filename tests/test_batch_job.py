@@ -410,9 +410,12 @@ def test_a_result_made_of_calls_carries_them():
     assert rec["finish_reason"] == "tool_calls" and rec["text"] == text
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in rec["tool_calls"]] == [
         ("get_weather", {"city": "Paris"})]
-    for out_text, reason in (("Sunny.", "stop"), (text, "length")):  # text, or calls cut short: no calls
+    for out_text, reason in (("Sunny.", "stop"), (text[:30], "length")):  # text, or a call cut short: no calls
         rec = batch_output.result_record(req, RequestOutput("r", out_text, [5], "", [], True, reason, 3, 1, 0, 0, 0))
         assert "tool_calls" not in rec and rec["finish_reason"] == reason
+    cut = text + "\n" + text[:30]  # max_tokens cut a second call: the first is a call, the answer stays cut
+    rec = batch_output.result_record(req, RequestOutput("r", cut, [5], "", [], True, "length", 3, 1, 0, 0, 0))
+    assert rec["finish_reason"] == "length" and len(rec["tool_calls"]) == 1
 
 
 def test_a_job_answers_a_required_tool_line_with_calls(engine, tmp_path):

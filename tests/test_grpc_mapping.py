@@ -283,9 +283,11 @@ def test_an_answer_of_calls_becomes_proto_tool_calls():
     assert (r.text, r.finish_reason) == ("", "tool_calls")
     assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("get_weather", {"city": "Paris"})]
     assert r.tool_calls[0].id.startswith("call_")
-    for text, reason, names in (("Sunny.", "stop", tools), (CALL, "length", tools), (CALL, "stop", frozenset())):
+    for text, reason, names in (("Sunny.", "stop", tools), (CALL[:30], "length", tools), (CALL, "stop", frozenset())):
         r = to_response("cmpl-8", "m", [_out(text, [1], True, reason)], tools=names)
         assert (r.text, r.finish_reason, len(r.tool_calls)) == (text, reason, 0)
+    cut = to_response("cmpl-9", "m", [_out(CALL + "\n" + CALL[:30], [1], True, "length")], tools=tools)
+    assert (cut.text, cut.finish_reason, [c.name for c in cut.tool_calls]) == ("", "length", ["get_weather"])
 
 
 def test_streamed_calls_are_held_then_come_whole_in_the_last_chunk():

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from cluster.request import RequestError
-from deployments.openai_tools import CallStream, Tool, ToolUse, parse_tool_calls, render_message
+from deployments.openai_tools import (CallStream, Tool, ToolUse, answer_calls, calls_finish_reason, parse_tool_calls,
+                                      render_message)
 from tests.test_openai_conformance import _call, _chat, app  # noqa: F401  (app: the in-process server)
 
 WEATHER = {"type": "function", "function": {
@@ -82,6 +83,22 @@ def test_a_streamed_answer_is_held_while_it_may_be_calls():
     assert out == "" and [c["function"]["name"] for c in made] == ["get_time"]
     cut = CallStream({"get_time"})  # cut short by max_tokens: the held text is the answer
     assert cut.step("<tool_call>\n{", True, "length") == ("<tool_call>\n{", None)
+    repeated = CallStream({"get_time"})  # cut inside a second call: the first, complete, is a call
+    out, made = repeated.step(block + "\n" + block[:20], True, "length")
+    assert out == "" and [c["function"]["name"] for c in made] == ["get_time"]
+
+
+def test_calls_of_an_answer_stopped_or_cut():
+    names, block = {"get_time"}, _block("get_time", {"zone": "UTC"})
+    assert len(answer_calls(block + "\n" + block, names, "stop")) == 2
+    assert len(answer_calls(block + "\n" + block + "\n<tool_call>\n{\"na", names, "length")) == 2
+    assert answer_calls("<tool_call>\n{\"na", names, "length") is None  # no complete call: text
+    assert answer_calls("The time is " + block, names, "length") is None  # text before a call: text
+    assert answer_calls(block + "\n" + block[:-3], names, "stop") is None  # stopped mid-call: not calls
+    assert answer_calls(block, names, "abort") is None and answer_calls(block, set(), "stop") is None
+    made = answer_calls(block, names, "stop")
+    assert calls_finish_reason(made, "stop") == "tool_calls" and calls_finish_reason(made, "length") == "length"
+    assert calls_finish_reason(None, "stop") == "stop"
 
 
 # ---- the official client ---------------------------------------------------------------------

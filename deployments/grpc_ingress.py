@@ -95,6 +95,9 @@ def _tool_fields(msg: pb.GenerateRequest) -> dict:
         fields["tools"] = _json_field(msg.tools, "tools")
     if msg.HasField("tool_choice"):
         mode = msg.tool_choice.strip()
+        if mode not in ("none", "auto", "required") and not mode.startswith("{"):
+            raise APIError(400, f"tool_choice={msg.tool_choice!r}: use none, auto, required or a JSON object naming "
+                                'a function ({"type": "function", "function": {"name": ...}})', param="tool_choice")
         fields["tool_choice"] = mode if mode in ("none", "auto", "required") else _json_field(mode, "tool_choice")
     if msg.HasField("parallel_tool_calls"):
         fields["parallel_tool_calls"] = msg.parallel_tool_calls

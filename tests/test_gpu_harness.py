@@ -278,3 +278,23 @@ def test_carry_size_check_fails_clearly(tmp_path):
 def test_pytest_report_finds_summary_and_failures():
     log = "....F\n=== short test summary info ===\nFAILED tests/x.py::t - boom\n=== 1 failed, 4 passed in 3.2s ==="
     assert gh.pytest_report(log) == ("1 failed, 4 passed in 3.2s", "FAILED tests/x.py::t - boom")
+
+
+def test_specrays_own_unmet_requirement_fails_only_the_http_plan(tmp_path, blobs):
+    """The box's grpcio is older than specray's pin: a note while no http stage can run, a failure once
+    the http group (which carries grpcio) is in and still leaves it unmet."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["pytest>=99", "pydantic"]\n')
+    for dists, fails in (({"base": ["pydantic"]}, False), ({"base": ["pydantic"], "http": ["openai"]}, True)):
+        out, _ = _pack(tmp_path / str(fails), blobs, dists=dists)
+        state = tmp_path / str(fails) / "state"
+        for call in (1, 2, 3):
+            gh.stash_parts(_carried(tmp_path / str(fails), out, call), state)
+        if fails:
+            with pytest.raises(RuntimeError, match=r"1 unmet .*: pytest>=99: "):
+                gh.check_requirements(state, repo)
+        else:
+            text = gh.check_requirements(state, repo)
+            assert text.startswith("1 carried dists (base) and 2 of specray's: requirements met, but not")
+            assert "pytest>=99: " in text and "only the http stage needs them" in text

@@ -298,3 +298,16 @@ def test_specrays_own_unmet_requirement_fails_only_the_http_plan(tmp_path, blobs
             text = gh.check_requirements(state, repo)
             assert text.startswith("1 carried dists (base) and 2 of specray's: requirements met, but not")
             assert "pytest>=99: " in text and "only the http stage needs them" in text
+
+
+def test_every_dependency_of_specray_is_on_the_box_or_packed():
+    """A new dependency must reach the GPU box: on it already (ON_BOX) or packed by prepare (base or
+    http). llguidance was added to pyproject without this and a Serve replica there would not start."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    known = {gw.dist_key(d) for d in gw.ON_BOX} | {gw.dist_key(gw.parse_dist(d)[0])
+                                                   for d in gw.BASE_DISTS + gw.HTTP_DISTS}
+    assert [d for d in deps if gw.dist_key(Requirement(d).name) not in known] == []

@@ -1,12 +1,16 @@
 """The GPU figures of issue 26 in one command, one Markdown table per section:
 
-    python -m benchmarks.gpu_bench --stage tiny|8b|default|host|draft|offload|http|all --out DIR [--device cuda]
+    python -m benchmarks.gpu_bench --stage tiny|8b|attention|default|host|draft|offload|http|all --out DIR
+                                   [--device cuda]
 
 - ``8b``: ``random:llama-3-8b`` (bf16) on the Verifier directly: the device's copy bandwidth and the
   bandwidth-bound TPOT it implies, plain decode TPOT at c=1 and the cost of verifying q tokens
   relative to one (``benchmarks/step_costs.py``), eager and CUDA graphs when the Verifier has the
   switch, else its default;
 - ``tiny``: the same on ``random:tiny`` (a smoke run: proves the path works, seconds on a CPU);
+- ``attention`` (CUDA): ``benchmarks/attention_bench.py``'s cases (8B's attention shape, decode at
+  contexts 512/4k/16k and batches 1/16/64, a 64-node tree) against the torch reference and dense
+  SDPA, and the kernel at each ``--segments`` split-K count beside the backend's choice;
 - ``default``: the default model through the bench machinery (``specray bench``'s sweep and
   peers): plain vs ``--draft default`` (K=5 and adaptive) at c=1, plain vs adaptive at c=8 and 64,
   and transformers peers (eager generate, prompt lookup; on CUDA also static cache + compile,
@@ -42,10 +46,12 @@ import torch
 
 from benchmarks.report import machine_info, md_table
 
-STAGES = ("tiny", "8b", "default", "host", "draft", "offload", "http")
+STAGES = ("tiny", "8b", "attention", "default", "host", "draft", "offload", "http")
 RANDOM_SPECS = {"tiny": "random:tiny", "8b": "random:llama-3-8b"}
 TITLES = {"tiny": "tiny: random:tiny on the Verifier (smoke)",
           "8b": "8b: random:llama-3-8b on the Verifier",
+          "attention": "attention: the paged-attention kernel vs the torch reference and dense SDPA, and per "
+                       "split-K count (benchmarks.attention_bench, 8B's attention shape)",
           "default": "default: the engine vs transformers on the default model",
           "host": "host: host time per engine step by phase, default model (benchmarks.host_profile)",
           "draft": "draft: one drafting call of the default EAGLE head (benchmarks.draft_cost)",
@@ -209,6 +215,20 @@ def host_section(args, device: torch.device, out: Path) -> str:
     return write_section(out, "host", host_profile.table(rows), {"rows": rows}, notes)
 
 
+def attention_section(args, device: torch.device, out: Path) -> str:
+    from benchmarks import attention_bench as ab
+
+    segments = [int(s) for s in args.segments.split(",") if s.strip()]
+    rows = [ab.measure(b, c, None, device, args.reps, segments=segments)
+            for c in (512, 4096, 16384) for b in (1, 16, 64)]
+    rows.append(ab.measure(1, 4096, 64, device, args.reps, segments=segments))
+    notes = ["32 query / 8 KV heads, head dim 128, bf16, KV blocks of 16 shuffled through the pool; decode at each "
+             "context and batch, then a 64-node tree at 4,096; median of CUDA-graph replays"]
+    table = ab.table(rows) + ("\n\nSplit-K: the kernel per number of key segments S (* the backend's choice, "
+                              "fastest in bold)\n\n" + ab.split_table(rows) if segments else "")
+    return write_section(out, "attention", table, {"rows": rows}, notes)
+
+
 def draft_section(args, device: torch.device, out: Path) -> str:
     from benchmarks import draft_cost
 
@@ -237,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=int, default=10, help="tiny/8b: timed repeats of each copy and verify shape")
     ap.add_argument("--copy-mb", type=int, default=None,
                     help="tiny/8b: copied buffer (default 2048 on CUDA, 64 on CPU)")
+    ap.add_argument("--segments", default="1,2,4,8,16,32",
+                    help="attention: split-K counts the kernel is also timed at (empty: none)")
     ap.add_argument("--sample", type=int, default=12, help="default, http: prompts at c=1 (and the batch-1 peers)")
     ap.add_argument("--batch-sample", type=int, default=64, help="default: prompts at c=8 and 64 (and batch 64)")
     ap.add_argument("--max-tokens", type=int, default=128, help="default, http: output cap per prompt")
@@ -268,6 +290,12 @@ def _check(args) -> None:
     for flag in ("context", "decode_steps", "reps", "sample", "batch_sample", "max_tokens"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    try:
+        bad = [s for s in (int(x) for x in args.segments.split(",") if x.strip()) if s < 1 or s & (s - 1)]
+    except ValueError:
+        bad = [args.segments]
+    if bad:
+        raise ValueError(f"--segments {args.segments!r}: give powers of two, comma-separated (not {bad[0]!r})")
     if args.copy_mb is not None and args.copy_mb < 1:
         raise ValueError(f"--copy-mb {args.copy_mb}: must be at least 1")
     for flag in ("budget_s", "http_start_s"):
@@ -283,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
 
         device = resolve_device_dtype(args.device, "auto")[0]
         stages = parse_stages(args.stage)
-        if stages == ("8b",) and device.type != "cuda":
-            raise ValueError(f"--stage 8b needs CUDA (16 GB of bf16 weights); on {device} run --stage tiny")
+        if stages in (("8b",), ("attention",)) and device.type != "cuda":
+            raise ValueError(f"--stage {stages[0]} needs CUDA; on {device} run --stage tiny "
+                             "(attention on CPU: python -m benchmarks.attention_bench --device cpu)")
     except ValueError as e:
         print(f"gpu_bench: error: {e}", file=sys.stderr)
         return 2
@@ -294,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in stages:
         t0 = time.perf_counter()
         print(f"# gpu_bench: stage {name} on {device} ...", file=sys.stderr, flush=True)
-        if name == "8b" and device.type != "cuda":
+        if name in ("8b", "attention") and device.type != "cuda":
             md = write_section(out, name, md_table(["stage", "status"], [[name, f"skipped: needs CUDA, not {device}"]]),
                                {"skipped": f"needs CUDA, not {device}"})
         else:
             try:
                 sections = {"default": default_section, "host": host_section, "draft": draft_section,
+                            "attention": attention_section,
                             "offload": offload_section, "http": http_section}
                 md = (sections[name](args, device, out) if name in sections else model_section(name, args, device, out))
             except Exception as e:  # noqa: BLE001  a failed stage is a table saying why; the next still runs

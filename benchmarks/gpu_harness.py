@@ -298,8 +298,9 @@ def sub_env(repo: Path, site: Path, state: Path, has_default: bool) -> dict:
     return env | ({"SPECRAY_GPU_HAS_DEFAULT": "1"} if has_default else {})
 
 
-NO_FILES_STAGES = {"tiny", "8b", "offload"}  # run without the default model (offload notes its missing rows)
-ALL_STAGES = ("tiny", "8b", "default", "host", "draft", "offload", "http")  # gpu_bench's (it imports torch)
+# stages that run without the default model (offload notes its missing rows)
+NO_FILES_STAGES = {"tiny", "8b", "attention", "offload"}
+ALL_STAGES = ("tiny", "8b", "attention", "default", "host", "draft", "offload", "http")  # gpu_bench's (imports torch)
 
 
 def bench_stage(requested: str, has_default: bool) -> str:
@@ -372,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         "when the device's requirements row says the box's are too old)")
     d = sub.add_parser("device", help="GPU machine: install, reassemble, run the gpu tests and benchmark")
     d.add_argument("--stage", default="all",
-                   help="gpu_bench stages: tiny, 8b, default, host, draft, offload, http (comma-separated), all, or "
-                        "none (only stash, reassemble and install)")
+                   help="gpu_bench stages: tiny, 8b, attention, default, host, draft, offload, http (comma-separated), "
+                        "all, or none (only stash, reassemble and install)")
     d.add_argument("--results", type=Path, help="results markdown (default $OUT/gpu_results.md)")
     d.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget for the whole call")
     d.add_argument("--tests-s", type=float, default=240.0, help="most of the budget the tests may use")

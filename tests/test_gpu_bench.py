@@ -134,7 +134,31 @@ def test_8b_needs_cuda_and_bad_counts_are_refused(tmp_path, capsys):
     assert "needs CUDA" in capsys.readouterr().err
     assert gpu_bench.main(["--stage", "tiny", "--device", "cpu", "--out", str(tmp_path), "--reps", "0"]) == 2
     assert "--reps 0" in capsys.readouterr().err
+    assert gpu_bench.main(["--stage", "attention", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "--stage attention needs CUDA" in capsys.readouterr().err
+    assert gpu_bench.main(["--stage", "tiny", "--device", "cpu", "--out", str(tmp_path), "--segments", "1,3"]) == 2
+    assert "--segments '1,3'" in capsys.readouterr().err
     assert not (tmp_path / "gpu_bench.md").exists()
+
+
+def test_attention_stage_writes_both_tables(tmp_path, monkeypatch):
+    """The attention section: attention_bench's cases (9 decode shapes and the 64-node tree), its table
+    and, with --segments, the split-K table (the measuring itself: test_attention_bench_*)."""
+    from argparse import Namespace
+
+    from benchmarks import attention_bench as ab
+
+    calls = []
+
+    def fake(batch, context, tree, device, reps, prefill=False, segments=()):
+        calls.append((batch, context, tree, tuple(segments)))
+        return {"batch": batch, "context": context, "queries": tree or 1, "kernel": "triton", "kernel_s": 2e-5,
+                "torch_ref_s": 4e-5, "sdpa_dense_s": 1e-5, "kv_bytes": 1e6,
+                "split": {"heuristic": 1, "times": {s: 1e-5 * s for s in segments}}}
+    monkeypatch.setattr(ab, "measure", fake)
+    md = gpu_bench.attention_section(Namespace(segments="1,2", reps=1), torch.device("cpu"), tmp_path)
+    assert len(calls) == 10 and calls[-1] == (1, 4096, 64, (1, 2)) and {c[3] for c in calls} == {(1, 2)}
+    assert "| triton / SDPA |" in md and "| S=1 | S=2 |" in md and (tmp_path / "gpu_bench_attention.json").is_file()
 
 
 def test_all_on_cpu_skips_8b_and_a_failing_stage_is_a_row(tmp_path, monkeypatch, capsys):
@@ -156,8 +180,9 @@ def test_all_on_cpu_skips_8b_and_a_failing_stage_is_a_row(tmp_path, monkeypatch,
     md = (tmp_path / "gpu_bench.md").read_text()
     assert "| tiny | failed: RuntimeError: out of memory |" in md
     assert "| 8b | skipped: needs CUDA, not cpu |" in md and "| ran |" in md
+    assert "| attention | skipped: needs CUDA, not cpu |" in md
     assert "| host ran |" in md and "| draft ran |" in md and "| offload ran |" in md and "| http ran |" in md
-    assert capsys.readouterr().out.count("## ") == 7  # every section printed
+    assert capsys.readouterr().out.count("## ") == 8  # every section printed
 
 
 def test_stages_parse():

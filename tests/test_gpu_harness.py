@@ -253,7 +253,8 @@ def test_prepare_http_plan(tmp_path, blobs, no_pip):
 
 def test_plan_bench_drops_http_while_it_waits():
     block = "waiting for parts ray.whl.part-2, carried by call 4 (.gpu/call-4)"
-    assert gh.plan_bench("all", True, block) == ("tiny,8b,default,host,draft,offload", [("bench http", block)])
+    assert gh.plan_bench("all", True, block) == ("tiny,8b,attention,default,host,draft,offload",
+                                                [("bench http", block)])
     assert gh.plan_bench("all", True, None) == ("all", [])
     assert gh.plan_bench("http", True, None) == ("http", [])
     assert gh.plan_bench("http,default", False, None) == ("8b", [])  # the model is not in yet

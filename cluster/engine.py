@@ -92,6 +92,7 @@ class LLMEngine:
         self.drafting = DraftPlanner(spec, proposer, policy, self.scheduler, self.max_model_len)
         self.metrics = metrics or EngineMetrics()
         self.metrics.watch(self.scheduler, self.kv, self.drafting.max_depth, self.drafting.guard)
+        self.metrics.watch_graphs(target=self.verifier, draft_head=proposer)
         if num_host:
             self.metrics.watch_kv_copies(self.verifier.kv_copy_stats)
         if getattr(self.verifier, "weight_offload", None) is not None:
@@ -101,9 +102,8 @@ class LLMEngine:
         self.eos_ids = eos_ids(loaded.config, self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, loaded.config.vocab_size, self.eos_ids)  # structured output
         self.seqs: dict[str, Sequence] = {}
-        self.num_verifier_restarts = 0
+        self.num_verifier_restarts, self.max_verifier_restarts = 0, 3
         self.clock = StepClock()  # host seconds per step phase (benchmarks.host_profile)
-        self.max_verifier_restarts = 3
         self.overlap = None
         if config.draft_overlap_micro_batches > 1 and proposer is not None:
             self.set_draft_overlap(config.draft_overlap_micro_batches)

@@ -47,7 +47,9 @@ The names follow vLLM's (``vllm:`` -> ``specray:``) so dashboards and figures co
   grammars forced, drafted without a proposer and accepted (actors/structured_output.py);
 - HTTP answers by route and status (filled by the ingress middleware);
 - ``gc_pause_seconds{generation}`` and ``gc_frozen_objects``: Python's garbage collector in the process
-  (actors/gc_pauses.py).
+  (actors/gc_pauses.py);
+- ``cuda_graph_forwards{model, mode}`` (engines with CUDA graphs only): the target's forwards and
+  the EAGLE head's steps replayed from a graph or run eagerly (no captured bucket fits).
 
 The engine calls ``observe_step`` once per step and ``record_output`` once per emitted output;
 neither does per-token work.
@@ -171,6 +173,14 @@ class EngineMetrics:
         """``weight_offload_*`` read ``stats()`` at scrape time (the verifier's WeightOffloader)."""
         self._state.weight_offload = stats
 
+    def watch_graphs(self, **owners) -> None:
+        """``cuda_graph_forwards{model, mode}`` reads the GraphRunners (``.graphs``) of ``owners``
+        (model label -> the verifier, the proposer; None or no graphs: not shown) at scrape time:
+        forwards replayed from a captured graph (mode graph) and those run eagerly (eager: no
+        captured bucket fits, e.g. a long prefill chunk). Exported only by an engine that has graphs."""
+        runners = {name: getattr(o, "graphs", None) for name, o in owners.items()}
+        self._state.graph_runners = {name: g for name, g in runners.items() if g is not None}
+
     def watch_engine_loop(self, alive: Callable[[], bool]) -> None:
         """``engine_up`` reads ``alive()`` at scrape time (the step loop that runs this engine)."""
         self._state.alive = alive
@@ -241,6 +251,7 @@ class _EngineStateCollector:
         self.queued: Callable[[], int] | None = None
         self.kv_copies: Callable[[], dict] | None = None
         self.weight_offload: Callable[[], dict] | None = None
+        self.graph_runners: dict = {}
 
     def collect(self) -> Iterable[Metric]:
         s = self.scheduler
@@ -268,6 +279,14 @@ class _EngineStateCollector:
         yield from self._guard_metrics()
         if self.weight_offload is not None:
             yield from _weight_offload_metrics(self.weight_offload())
+        if self.graph_runners:
+            forwards = CounterMetricFamily(P + "cuda_graph_forwards", "Forwards replayed from a CUDA graph (graph) "
+                                           "or run eagerly (eager), by model (target, draft_head)",
+                                           labels=["model", "mode"])
+            for name, g in self.graph_runners.items():
+                forwards.add_metric([name, "graph"], g.num_replays)
+                forwards.add_metric([name, "eager"], g.num_eager + g.num_fallbacks)
+            yield forwards
         stats = self._kv_stats()
         if stats is None:
             return

@@ -104,3 +104,29 @@ def test_head_kv_pool_reserves_grows_and_frees():
     fixed = HeadKVPool(2, 8, torch.float32, torch.device("cpu"), block_size=4, num_blocks=1, growable=False)
     with pytest.raises(RuntimeError, match="head KV pool full"):
         fixed.reserve(1, 5)
+
+
+def test_graph_forwards_are_counted_for_the_metrics(triton_verifier, tmp_path):
+    """specray:cuda_graph_forwards{model, mode}: the head's steps run through its runner (padded and
+    eager here, replayed on a GPU) and one that fits no bucket (more sequences than captured) is an
+    eager fallback; an engine without graphs exports no such series."""
+    from cluster.metrics import EngineMetrics
+    from tests.test_metrics import sample_value
+
+    path = random_eagle_head(triton_verifier.model, 64, tmp_path / "head.safetensors", seed=3)
+    cfg = triton_verifier.model.config
+    p = build_eagle_proposer(str(path), "tiny", triton_verifier, 1)
+    p.use_graphs(max_num_seqs=4, max_model_len=48, capture=False)
+    loop = DraftLoop(p, 3, 9, cfg.hidden_size, cfg.vocab_size, DEVICE, 1)
+    loop.step()
+    assert p.graphs.run(p.graphs._dummy(5, 5), torch.zeros(5, cfg.hidden_size)) is None  # 5 > 4 sequences
+    metrics = EngineMetrics()
+    metrics.watch_graphs(target=triton_verifier, draft_head=p)  # the verifier runs eagerly: no graphs
+    snap = metrics.snapshot()
+    eager = sample_value(snap, "specray:cuda_graph_forwards_total", model="draft_head", mode="eager")
+    assert eager == p.graphs.num_eager + 1 and p.graphs.num_fallbacks == 1 and p.graphs.num_eager >= 6
+    assert sample_value(snap, "specray:cuda_graph_forwards_total", model="draft_head", mode="graph") == 0
+    assert not [s for f in snap for s in f.samples if ("model", "target") in s[1]]
+    plain = EngineMetrics()
+    plain.watch_graphs(target=triton_verifier, draft_head=None)
+    assert not [s for f in plain.snapshot() for s in f.samples if s[0].startswith("specray:cuda_graph_forwards")]

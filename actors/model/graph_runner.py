@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 
-import numpy as np
 import torch
 
 from actors.model.attention_backends import CACHE_KEY
@@ -176,7 +175,8 @@ class GraphRunner:
         self.inputs = PaddedInputs(max_num_seqs, max(n for _, n in self.shapes), max_blocks,
                                    max(TOKENS_PER_SEQ), block_size, num_kv_heads, device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.num_replays = self.num_eager = 0
+        # forwards replayed; run padded but eagerly (not captured); left to the caller (no bucket fits)
+        self.num_replays = self.num_eager = self.num_fallbacks = 0
         if capture:
             self._capture_all()
 
@@ -192,6 +192,7 @@ class GraphRunner:
     def run(self, chunks) -> torch.Tensor | None:
         key = self.bucket(chunks)
         if key is None:
+            self.num_fallbacks += 1
             return None
         batch = self.inputs.fill(chunks, *key)
         self.before_replay(sum(len(c.token_ids) for c in chunks))

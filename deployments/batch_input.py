@@ -152,9 +152,7 @@ class LineReader:
                 fields["messages"] = tools.conversation(line.messages)
             elif tools.tools:
                 raise RequestError("tools: a prompt line cannot call tools; give messages", "tools")
-            fmt = line.response_format
-            fields["structured"] = tools.constrained(None if fmt is None else fmt.structured(),
-                                                     None if fmt is None else fmt.type)
+            fields["structured"] = tools.constrained(line.response_format)
             req = engine_request(fields, self.default_max_tokens)
         except RequestError as e:
             return LineError(n, line.id, str(e))

@@ -181,10 +181,8 @@ class SamplingRequest(BaseModel):
             fields = self.model_dump(include=set(SAMPLING_FIELDS))
             fields.update(max_tokens=self.requested_max_tokens, logprobs=self.logprobs_k(),
                           prompt_logprobs=self.prompt_logprobs_k(), prediction=self.prediction_text(),
-                          structured=None if self.response_format is None else self.response_format.structured())
+                          structured=self.tool_use().constrained(self.response_format))
             base = sampling_params(fields, default_max_tokens=max_model_len)
-            fmt = None if self.response_format is None else self.response_format.type
-            base = base.model_copy(update={"structured": self.tool_use().constrained(base.structured, fmt)})
         if self.seed is None:
             return prompts, [base] * self.n
         return prompts, [base.model_copy(update={"seed": self.seed + i}) for i in range(self.n)]

@@ -121,16 +121,16 @@ class ToolUse(BaseModel):
                 f"OPEN: {json.dumps(OPEN)}\nCLOSE: {json.dumps(CLOSE)}\nNL: \"\\n\"\n")
         return StructuredOutput(kind="tool_calls", value=lark)
 
-    def constrained(self, structured: StructuredOutput | None, fmt: str | None) -> StructuredOutput | None:
-        """The answer's constraint: the calls' grammar where tool_choice asks for calls, else
-        ``structured`` (the request's response_format, of type ``fmt``); RequestError naming
+    def constrained(self, fmt) -> StructuredOutput | None:
+        """The answer's constraint: the calls' grammar where tool_choice asks for calls, else the
+        request's response_format's (``fmt``: a ResponseFormat, or None); RequestError naming
         response_format when both would constrain it."""
-        calls = self.constraint()
+        structured, calls = None if fmt is None else fmt.structured(), self.constraint()
         if calls is None:
             return structured
         if structured is not None:
-            raise RequestError(f"response_format={fmt!r} and tool_choice={self.mode!r} both constrain the answer; "
-                               "send one", "response_format")
+            raise RequestError(f"response_format={fmt.type!r} and tool_choice={self.mode!r} both constrain the "
+                               "answer; send one", "response_format")
         return calls
 
     def conversation(self, messages: list) -> list[dict]:

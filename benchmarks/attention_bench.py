@@ -85,6 +85,17 @@ def kernel(device: torch.device):
     return "native", ab.native_paged_attention
 
 
+def parse_segments(text: str) -> list[int]:
+    """``--segments`` ("1,4,16"; empty: none) -> the split-K counts; ValueError naming the first that is
+    not a power of two."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    bad = next((x for x in parts if not x.isdigit() or int(x) < 1 or int(x) & (int(x) - 1)), None)
+    if bad is not None:
+        raise ValueError(f"--segments {text!r}: {bad} is not a power of two (give comma-separated powers of two, "
+                         "e.g. 1,4,16)")
+    return [int(x) for x in parts]
+
+
 def split_times(q, k, v, fb, scale: float, segments: list[int], device: torch.device, reps: int) -> dict:
     """The Triton kernel on one case with each split-K count in ``segments`` forced -> {"heuristic":
     the count the backend chooses, "times": {count: median seconds}}."""
@@ -174,11 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     H, KVH, D = SHAPES[args.shape]
     try:
-        segments = [int(x) for x in args.segments.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--segments {args.segments!r}: give comma-separated powers of two, e.g. 1,4,16")
-    if bad := [s for s in segments if s < 1 or s & (s - 1)]:
-        ap.error(f"--segments {args.segments!r}: {bad[0]} is not a power of two")
+        segments = parse_segments(args.segments)
+    except ValueError as e:
+        ap.error(str(e))
     if segments and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         ap.error(f"--segments times the Triton kernel: it needs CUDA or TRITON_INTERPRET=1 (device {device})")
     if device.type == "cpu":

@@ -218,7 +218,7 @@ def host_section(args, device: torch.device, out: Path) -> str:
 def attention_section(args, device: torch.device, out: Path) -> str:
     from benchmarks import attention_bench as ab
 
-    segments = [int(s) for s in args.segments.split(",") if s.strip()]
+    segments = ab.parse_segments(args.segments)
     rows = [ab.measure(b, c, None, device, args.reps, segments=segments)
             for c in (512, 4096, 16384) for b in (1, 16, 64)]
     rows.append(ab.measure(1, 4096, 64, device, args.reps, segments=segments))
@@ -290,12 +290,9 @@ def _check(args) -> None:
     for flag in ("context", "decode_steps", "reps", "sample", "batch_sample", "max_tokens"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
-    try:
-        bad = [s for s in (int(x) for x in args.segments.split(",") if x.strip()) if s < 1 or s & (s - 1)]
-    except ValueError:
-        bad = [args.segments]
-    if bad:
-        raise ValueError(f"--segments {args.segments!r}: give powers of two, comma-separated (not {bad[0]!r})")
+    from benchmarks.attention_bench import parse_segments
+
+    parse_segments(args.segments)  # ValueError naming the bad count
     if args.copy_mb is not None and args.copy_mb < 1:
         raise ValueError(f"--copy-mb {args.copy_mb}: must be at least 1")
     for flag in ("budget_s", "http_start_s"):
